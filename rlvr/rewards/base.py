@@ -28,3 +28,14 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# The registry of built-in reward functions. Each entry is a *factory*:
+# ``REWARDS.get(name)(**options) -> reward_fn``. The returned callable has TRL's signature, a
+# ``__name__`` used in logs (``rewards/<name>/mean``), and optionally:
+#   ``verdicts(...) -> list[Verdict]``  (checkers; the trainer prefers this over __call__)
+#   ``kind``: "correctness" | "format" | "length" | "other"  (diagnostics: format farming)
+#   ``gold_column``: the dataset column holding the gold answer (diagnostics: decoy re-checks)
+from rlvr.registry import Registry  # noqa: E402
+
+REWARDS: Registry = Registry("reward function")
