@@ -1,0 +1,229 @@
+"""Pieces every backend shares: EOS resolution, stop strings, the sampling kernel, seeds.
+
+Log-prob contract (DESIGN.md §4, issue 8): a completion's ``logprobs`` are
+``log_softmax(logits / T)`` of the *unfiltered* distribution at the sampled token — exactly what the
+trainer recomputes — even when top-k / top-p / min-p / repetition penalty shaped the distribution the
+token was actually drawn from. The gap between the two is real off-policy-ness; the trainer measures
+it (rlvr.rollout.mismatch) rather than having the sampler hide it. ``temperature == 0`` means greedy
+decoding; its log-probs are reported at T = 1 (``log_softmax(logits)``), the only finite choice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Sequence
+
+import torch
+
+from rlvr.rollout.base import Completion, FinishReason, SamplingParams
+
+
+def validate_request(prompt_ids: list[list[int]], n: int, sampling: SamplingParams) -> None:
+    """One clear error for a malformed request, before any model work starts."""
+    if n < 1:
+        raise ValueError(f"n (completions per prompt) must be >= 1, got {n}; set num_generations to 1 or more.")
+    if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
+        raise ValueError(
+            "every prompt must have at least one token; got an empty batch or an empty prompt. "
+            "Check that the chat template / tokenizer produced ids for each prompt."
+        )
+    if sampling.temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {sampling.temperature}.")
+    if not 0.0 < sampling.top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}; use 1.0 to disable it.")
+    if sampling.top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = disabled), got {sampling.top_k}.")
+    if not 0.0 <= sampling.min_p < 1.0:
+        raise ValueError(f"min_p must be in [0, 1), got {sampling.min_p}; use 0.0 to disable it.")
+    if sampling.repetition_penalty <= 0:
+        raise ValueError(f"repetition_penalty must be > 0 (1.0 = off), got {sampling.repetition_penalty}.")
+    if sampling.max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {sampling.max_tokens}.")
+    if isinstance(sampling.stop, str):
+        raise TypeError(f"sampling.stop must be a tuple of strings, got the string {sampling.stop!r}; write ({sampling.stop!r},).")
+
+
+def resolve_eos_ids(model, tokenizer, override: int | Sequence[int] | None = None) -> tuple[int, ...]:
+    """The token ids that end a completion: an explicit override, else the model's generation config
+    (which may list several, e.g. Qwen's <|im_end|> and <|endoftext|>), else the tokenizer's EOS."""
+    if override is not None:
+        ids = [override] if isinstance(override, int) else list(override)
+    else:
+        gen_cfg = getattr(model, "generation_config", None)
+        eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
+        if eos is None:
+            eos = getattr(tokenizer, "eos_token_id", None)
+        ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    if not ids:
+        raise ValueError(
+            "could not find an end-of-sequence token: neither model.generation_config.eos_token_id nor "
+            "tokenizer.eos_token_id is set. Set one of them, or pass eos_token_ids=... to make_engine."
+        )
+    return tuple(int(i) for i in ids)
+
+
+def resolve_pad_id(tokenizer, eos_ids: tuple[int, ...]) -> int:
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return int(pad) if pad is not None else eos_ids[0]
+
+
+def _first_stop_end(text: str, stops: Sequence[str]) -> int | None:
+    """Character index just past the earliest-ending stop string in ``text``, or None."""
+    ends = [text.find(s) + len(s) for s in stops if s and s in text]
+    return min(ends) if ends else None
+
+
+def stop_prefix_length(token_ids: Sequence[int], tokenizer, stops: Sequence[str]) -> int | None:
+    """Length of the shortest prefix of ``token_ids`` whose text contains a stop string, or None.
+
+    Cost: one decode per prefix length tried, binary-searched (once a prefix contains a stop string,
+    every longer prefix does too), so O(T log T) characters decoded per completion.
+    """
+    if not stops:
+        return None
+    if _first_stop_end(tokenizer.decode(list(token_ids)), stops) is None:
+        return None
+    lo, hi = 1, len(token_ids)  # invariant: the prefix of length hi contains a stop string
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _first_stop_end(tokenizer.decode(list(token_ids[:mid])), stops) is not None:
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
+def make_completion(
+    prompt_index: int,
+    token_ids: list[int],
+    logprobs: list[float] | None,
+    hit_eos: bool,
+    tokenizer,
+    stops: Sequence[str],
+    extra: dict | None = None,
+) -> Completion:
+    """Build a Completion from raw sampled ids, applying stop strings and decoding the text.
+
+    ``token_ids`` must already be cut after the first EOS (``hit_eos`` says whether one is there);
+    the EOS stays in the ids (the trainer's completion mask keeps it) but not in ``text``.
+    Stop strings: the ids are cut after the token that completes the stop string (so the policy is
+    trained to stop there) and the text right after the stop string, which is kept (so a format
+    checker looking for ``</answer>`` still sees it; vLLM's ``include_stop_str_in_output=True``).
+    """
+    finish: FinishReason = "stop" if hit_eos else "length"
+    n_keep = stop_prefix_length(token_ids, tokenizer, stops) if stops else None
+    if n_keep is not None:
+        token_ids = token_ids[:n_keep]
+        logprobs = None if logprobs is None else logprobs[:n_keep]
+        finish = "stop"
+    text = tokenizer.decode(list(token_ids), skip_special_tokens=True)
+    if n_keep is not None:
+        end = _first_stop_end(text, stops)
+        text = text if end is None else text[:end]
+    return Completion(
+        prompt_index=prompt_index,
+        token_ids=list(token_ids),
+        text=text,
+        finish_reason=finish,
+        logprobs=logprobs,
+        extra=dict(extra or {}),
+    )
+
+
+def left_pad(prompt_ids: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``ids_BP`` and ``mask_BP`` (1 = real token), the layout decoders want: every row's
+    next token goes in the same column."""
+    P = max(len(p) for p in prompt_ids)
+    ids_BP = torch.full((len(prompt_ids), P), pad_id, dtype=torch.long)
+    mask_BP = torch.zeros((len(prompt_ids), P), dtype=torch.long)
+    for b, p in enumerate(prompt_ids):
+        ids_BP[b, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask_BP[b, P - len(p) :] = 1
+    return ids_BP.to(device), mask_BP.to(device)
+
+
+@contextlib.contextmanager
+def policy_eval(model: torch.nn.Module) -> Iterator[None]:
+    """Sample from the live policy: eval mode (no dropout) and no autograd, then restore the previous
+    mode so the trainer's next forward is unaffected. Never copies weights."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
+    if seed is None:
+        return None
+    g = torch.Generator(device=device)
+    g.manual_seed(int(seed))
+    return g
+
+
+class TokenSampler:
+    """The per-step sampling kernel for the native engine, specialised once per request so the
+    default GRPO case (T > 0, no filters, no penalty) costs three kernels: log_softmax, multinomial,
+    gather. Filters follow transformers' order (repetition penalty, temperature, top-k, top-p,
+    min-p) so greedy and filtered decoding reproduce ``generate`` token for token.
+    """
+
+    def __init__(self, sampling: SamplingParams, vocab_size: int, generator: torch.Generator | None):
+        self.sampling = sampling
+        self.greedy = sampling.temperature == 0.0
+        self.inv_temperature = 1.0 if self.greedy else 1.0 / sampling.temperature
+        self.use_penalty = sampling.repetition_penalty != 1.0
+        self.filtered = (not self.greedy) and (
+            sampling.top_k > 0 or sampling.top_p < 1.0 or sampling.min_p > 0.0 or self.use_penalty
+        )
+        self.vocab_size = vocab_size
+        self.generator = generator
+
+    def __call__(
+        self, logits_MV: torch.Tensor, seen_MV: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(token_M, logp_M)``: the sampled token and its log-prob under log_softmax(logits/T)."""
+        logits_MV = logits_MV.float()
+        logp_MV = torch.log_softmax(logits_MV * self.inv_temperature if self.inv_temperature != 1.0 else logits_MV, dim=-1)
+        if self.greedy:
+            scores_MV = apply_repetition_penalty(logits_MV, seen_MV, self.sampling.repetition_penalty) if self.use_penalty else logits_MV
+            token_M = scores_MV.argmax(dim=-1)
+        elif not self.filtered:
+            token_M = torch.multinomial(logp_MV.exp(), 1, generator=self.generator).squeeze(1)
+        else:
+            scores_MV = logits_MV
+            if self.use_penalty:
+                scores_MV = apply_repetition_penalty(scores_MV, seen_MV, self.sampling.repetition_penalty)
+            scores_MV = filter_logits(scores_MV * self.inv_temperature, self.sampling)
+            token_M = torch.multinomial(torch.softmax(scores_MV, dim=-1), 1, generator=self.generator).squeeze(1)
+        return token_M, logp_MV.gather(1, token_M[:, None]).squeeze(1)
+
+
+def apply_repetition_penalty(logits_MV: torch.Tensor, seen_MV: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL's repetition penalty (Keskar et al. 2019) as transformers applies it: tokens already in the
+    prompt or completion have positive logits divided by ``penalty`` and negative ones multiplied."""
+    penalised_MV = torch.where(logits_MV < 0, logits_MV * penalty, logits_MV / penalty)
+    return torch.where(seen_MV, penalised_MV, logits_MV)
+
+
+def filter_logits(scores_MV: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
+    """top-k, then top-p (nucleus, Holtzman et al. 2020), then min-p (Nguyen et al. 2024) on
+    temperature-scaled scores; removed tokens get -inf. At least one token always survives."""
+    neg_inf = torch.finfo(scores_MV.dtype).min
+    if sampling.top_k > 0:
+        k = min(sampling.top_k, scores_MV.shape[-1])
+        kth_M1 = scores_MV.topk(k, dim=-1).values[:, -1:]
+        scores_MV = scores_MV.masked_fill(scores_MV < kth_M1, neg_inf)
+    if sampling.top_p < 1.0:
+        sorted_MV, order_MV = scores_MV.sort(dim=-1, descending=False)
+        cum_MV = sorted_MV.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted_MV = cum_MV <= (1 - sampling.top_p)
+        drop_sorted_MV[:, -1] = False  # keep the most likely token
+        scores_MV = scores_MV.masked_fill(drop_sorted_MV.scatter(1, order_MV, drop_sorted_MV), neg_inf)
+    if sampling.min_p > 0.0:
+        probs_MV = scores_MV.softmax(dim=-1)
+        threshold_M1 = sampling.min_p * probs_MV.amax(dim=-1, keepdim=True)
+        scores_MV = scores_MV.masked_fill(probs_MV < threshold_M1, neg_inf)
+    return scores_MV
