@@ -1,0 +1,112 @@
+"""The data one generation batch carries from rollout to update.
+
+``Rollouts`` holds python lists while groups are still being sampled, scored and (with DAPO's
+dynamic sampling) filtered; ``to_tensors`` packs the kept groups once, for the log-prob and update
+phases. Suffixes: B prompts, G group size, N = B·G completions, P prompt tokens (left-padded),
+T completion tokens (right-padded), K reward functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from rlvr.rewards.base import Verdict
+from rlvr.rollout.base import Completion
+
+
+@dataclass
+class Rollouts:
+    group_size: int
+    rows: list[dict] = field(default_factory=list)  # B dataset rows
+    prompt_ids: list[list[int]] = field(default_factory=list)  # B
+    completions: list[Completion] = field(default_factory=list)  # N, grouped contiguously
+    rewards_NK: torch.Tensor | None = None  # float64, NaN = not scorable
+    verdicts: list[Verdict | None] = field(default_factory=list)  # N
+    policy_version: int = 0  # optimizer step whose weights sampled these (for stale samplers)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+    def extend(self, other: "Rollouts") -> None:
+        self.rows += other.rows
+        self.prompt_ids += other.prompt_ids
+        self.completions += other.completions
+        self.verdicts += other.verdicts
+        if other.rewards_NK is not None:
+            self.rewards_NK = (other.rewards_NK if self.rewards_NK is None
+                               else torch.cat([self.rewards_NK, other.rewards_NK]))
+
+    def select_groups(self, keep_B: list[int]) -> "Rollouts":
+        g = self.group_size
+        idx_N = [b * g + j for b in keep_B for j in range(g)]
+        return Rollouts(
+            group_size=g,
+            rows=[self.rows[b] for b in keep_B],
+            prompt_ids=[self.prompt_ids[b] for b in keep_B],
+            completions=[self.completions[i] for i in idx_N],
+            rewards_NK=None if self.rewards_NK is None else self.rewards_NK[idx_N],
+            verdicts=[self.verdicts[i] for i in idx_N] if self.verdicts else [],
+            policy_version=self.policy_version,
+        )
+
+    def truncated_N(self) -> list[bool]:
+        return [c.finish_reason == "length" for c in self.completions]
+
+
+@dataclass
+class PackedBatch:
+    """Tensors for the trainer's forward passes over [prompt | completion]."""
+
+    input_ids_NL: torch.Tensor  # L = P + T
+    attention_mask_NL: torch.Tensor
+    position_ids_NL: torch.Tensor
+    completion_ids_NT: torch.Tensor
+    mask_NT: torch.Tensor  # 1 on real completion tokens (incl. the first EOS), float
+    prompt_len: int  # P
+    sampler_logp_NT: torch.Tensor | None
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return self.completion_ids_NT.shape[1]
+
+    def rows(self, idx: slice) -> "PackedBatch":
+        return PackedBatch(
+            self.input_ids_NL[idx], self.attention_mask_NL[idx], self.position_ids_NL[idx],
+            self.completion_ids_NT[idx], self.mask_NT[idx], self.prompt_len,
+            None if self.sampler_logp_NT is None else self.sampler_logp_NT[idx],
+        )
+
+
+def pack(rollouts: Rollouts, pad_token_id: int, device: torch.device) -> PackedBatch:
+    g = rollouts.group_size
+    prompts = [rollouts.prompt_ids[i // g] for i in range(len(rollouts))]
+    comps = [c.token_ids for c in rollouts.completions]
+    n, P = len(comps), max(len(p) for p in prompts)
+    T = max(1, max(len(c) for c in comps))
+    ids_NL = torch.full((n, P + T), pad_token_id, dtype=torch.long)
+    attn_NL = torch.zeros((n, P + T), dtype=torch.long)
+    mask_NT = torch.zeros((n, T), dtype=torch.float32)
+    have_logp = all(c.logprobs is not None for c in rollouts.completions)
+    sampler_NT = torch.zeros((n, T), dtype=torch.float32) if have_logp else None
+    for i, (p, c) in enumerate(zip(prompts, comps)):
+        ids_NL[i, P - len(p): P] = torch.tensor(p, dtype=torch.long)  # prompt left-padded
+        attn_NL[i, P - len(p): P] = 1
+        if c:
+            ids_NL[i, P: P + len(c)] = torch.tensor(c, dtype=torch.long)  # completion right-padded
+            attn_NL[i, P: P + len(c)] = 1
+            mask_NT[i, : len(c)] = 1.0
+            if sampler_NT is not None:
+                sampler_NT[i, : len(c)] = torch.tensor(rollouts.completions[i].logprobs, dtype=torch.float32)
+    # Positions count real tokens only, as generation does: a left-padded prompt must see the same
+    # rotary positions in training as when it was sampled, or trainer and sampler log-probs drift.
+    pos_NL = (attn_NL.cumsum(-1) - 1).clamp(min=0)
+    return PackedBatch(
+        ids_NL.to(device), attn_NL.to(device), pos_NL.to(device), ids_NL[:, P:].to(device),
+        mask_NT.to(device), P, None if sampler_NT is None else sampler_NT.to(device),
+    )

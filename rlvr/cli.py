@@ -1,0 +1,150 @@
+"""rlvr train | config | eval | audit | diagnose | report."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from rlvr.config import ConfigError, describe_options, dump_config, load_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help="Reinforcement learning from verifiable rewards: GRPO, DAPO, Dr. GRPO, GSPO, CISPO, SAPO.")
+
+
+def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """[CONFIG.yaml] key=value ... -> (config path or None, overrides)."""
+    if args and "=" not in args[0]:
+        return args[0], args[1:]
+    return None, args
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code)
+
+
+TRAIN_HELP = (
+    "Train with GRPO-family RL. With no arguments: the shipped tiny model on the built-in arithmetic task, on CPU.\n\n"
+    "ARGS: an optional YAML config (a path, or the name of a file in configs/) followed by key=value overrides; "
+    "dotted keys set nested fields (algo.loss_type=gspo), bare TRL names are routed to their section "
+    "(loss_type=gspo).\n\nEvery option, with its default:\n\n"
+)
+
+
+@app.command("train", help=TRAIN_HELP + describe_options().replace("\n", "\n\n"),
+             context_settings={"allow_extra_args": False})
+def train_cmd(args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value ...]")) -> None:
+    path, overrides = _split_args(list(args or []))
+    try:
+        cfg = load_config(path, overrides)
+    except ConfigError as e:
+        _fail(str(e))
+    from rlvr.train import train
+
+    try:
+        train(cfg)
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted; resume with the same command plus resume=true", err=True)
+        raise typer.Exit(130)
+    except (ValueError, OSError, TypeError) as e:
+        if "--debug" in sys.argv or __import__("os").environ.get("RLVR_DEBUG"):
+            raise
+        _fail(f"{e}\n(set RLVR_DEBUG=1 for the full traceback)", code=1)
+
+
+@app.command("config")
+def config_cmd(
+    args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value ...]"),
+    show: bool = typer.Option(True, "--show/--no-show", help="Print the resolved config as YAML."),
+) -> None:
+    """Validate a config and print it resolved (defaults filled in, overrides applied)."""
+    path, overrides = _split_args(list(args or []))
+    try:
+        cfg = load_config(path, overrides)
+    except ConfigError as e:
+        _fail(str(e))
+    if show:
+        typer.echo(dump_config(cfg), nl=False)
+
+
+@app.command("eval")
+def eval_cmd(
+    model: str = typer.Argument("tiny", help="A run folder (uses RUN/final), a model folder, or 'tiny'."),
+    task: Optional[str] = typer.Option(None, help="Built-in task (default: the run's task, else arithmetic)."),
+    data: Optional[str] = typer.Option(None, help="A dataset file of prompts with an answer column."),
+    reward: Optional[str] = typer.Option(None, help="Correctness reward for --data (e.g. math)."),
+    n_prompts: int = typer.Option(200, "--n-prompts", help="Held-out prompts to evaluate."),
+    samples: int = typer.Option(0, help="Samples per prompt for pass@k (0 = greedy only)."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature for pass@k."),
+    max_tokens: Optional[int] = typer.Option(None, help="Max completion tokens (default: the run's)."),
+    backend: str = typer.Option("native", help="Rollout engine."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Greedy accuracy, pass@k at a temperature, mean length and truncation rate."""
+    from rlvr.evaluate import evaluate
+    from rlvr.eval_cli import resolve_eval
+
+    try:
+        setup = resolve_eval(model, task, data, reward, n_prompts, max_tokens, backend)
+    except (ConfigError, ValueError, OSError) as e:
+        _fail(str(e))
+    out = {"greedy": evaluate(setup.engine, setup.tokenizer, setup.rows, setup.reward_fns,
+                              max_tokens=setup.max_tokens, stop=setup.stop)}
+    if samples > 0:
+        ks = tuple(k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples)
+        out["sampled"] = evaluate(setup.engine, setup.tokenizer, setup.rows, setup.reward_fns,
+                                  max_tokens=setup.max_tokens, n=samples, temperature=temperature, ks=ks,
+                                  stop=setup.stop)
+    out["model"], out["prompts"] = setup.model_path, len(setup.rows)
+    if as_json:
+        typer.echo(json.dumps(out, indent=2))
+        return
+    typer.echo(f"model {setup.model_path} on {len(setup.rows)} held-out prompts")
+    for kind, res in out.items():
+        if isinstance(res, dict):
+            typer.echo(f"  {kind}: " + "  ".join(f"{k}={v:.4g}" for k, v in res.items()))
+
+
+@app.command("audit")
+def audit_cmd(
+    checker: str = typer.Option(..., help="math | code | json"),
+    cases: Optional[str] = typer.Option(None, help="JSONL of cases; default: rlvr's own fixture suites."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Run a checker on correct, wrong and adversarial answers; report false positives and negatives."""
+    from rlvr.rewards.audit import run_audit
+
+    raise typer.Exit(run_audit(checker, cases, as_json))
+
+
+@app.command("diagnose")
+def diagnose_cmd(
+    path: str = typer.Argument(..., help="A run folder or a rollout record file."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Group outcomes and reward-hacking monitors over a run's rollout record; exit 1 when a monitor fires."""
+    from rlvr.diagnostics import diagnose
+
+    raise typer.Exit(diagnose(path, as_json=as_json))
+
+
+@app.command("report")
+def report_cmd(run_dir: str = typer.Argument(..., help="A run folder.")) -> None:
+    """Write a self-contained HTML report of a run (curves, monitor warnings, samples)."""
+    from rlvr.diagnostics import write_report
+
+    if not Path(run_dir).is_dir():
+        _fail(f"{run_dir!r} is not a run folder")
+    typer.echo(str(write_report(run_dir)))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

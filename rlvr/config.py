@@ -1,0 +1,461 @@
+"""The typed config tree: one documented field per option, validated at load, before any model loads.
+
+Field names follow TRL's ``GRPOConfig`` wherever TRL has the option, with the same defaults, so a
+TRL user can carry their numbers over; they are grouped into sections (``model``, ``data``,
+``rewards``, ``algo``, ``rollout``, ``train``, ``dapo``, ``log``). On the command line a dotted key
+sets a nested field (``algo.loss_type=gspo``); a bare TRL name that lives in exactly one section is
+routed there (``loss_type=gspo`` works too).
+
+The defaults are the CPU default job: the shipped tiny model on the built-in arithmetic task.
+Where those differ from TRL's defaults (learning rate, batch shape, completion length) the field's
+description says so.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A config that cannot run. The message names every problem and how to fix it."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+# --------------------------------------------------------------------------------------------
+
+
+class LoraConfig(_Section):
+    enabled: bool = Field(False, description="Train a LoRA adapter (peft) instead of all weights.")
+    r: int = Field(16, ge=1, description="LoRA rank.")
+    alpha: int = Field(32, ge=1, description="LoRA alpha (scaling = alpha / r).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout.")
+    target_modules: list[str] | str = Field(
+        "all-linear", description="Modules to adapt: a list of names or peft's 'all-linear'."
+    )
+
+
+class ModelConfig(_Section):
+    path: str = Field(
+        "tiny",
+        description="Model to train: 'tiny' (the model shipped with rlvr), a local Hugging Face folder, "
+        "or a hub id (needs the hub or a warm cache; set HF_HUB_OFFLINE=1 to forbid downloads).",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Parameter dtype. bfloat16 halves memory; float32 is exact on CPU."
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass: less memory, ~30% more compute."
+    )
+    trust_remote_code: bool = Field(False, description="Passed to transformers' from_pretrained.")
+    attn_implementation: str | None = Field(
+        None, description="Passed to from_pretrained ('sdpa', 'eager', 'flash_attention_2', ...)."
+    )
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+
+class DataConfig(_Section):
+    task: str | None = Field(
+        "arithmetic",
+        description="Built-in task to train on (see `rlvr.tasks`); ignored when `path` is set.",
+    )
+    task_options: dict[str, Any] = Field(
+        default_factory=dict, description="Options of the built-in task, e.g. {digits: 3, operations: '+-'}."
+    )
+    path: str | None = Field(
+        None,
+        description="A prompt-only dataset: JSONL, CSV, Parquet, a `datasets` folder saved to disk, or "
+        "a GSM8K-format file. Every column besides the prompt is passed to the reward functions.",
+    )
+    split: str | None = Field(None, description="Split to read from a `datasets` folder.")
+    prompt_column: str = Field("prompt", description="Column that holds the prompt (text or chat messages).")
+    answer_column: str | None = Field(None, description="Column holding the gold answer, renamed to 'answer'.")
+    eval_path: str | None = Field(None, description="Held-out prompts for evaluation (same formats as `path`).")
+    eval_size: int = Field(200, ge=0, description="Number of held-out prompts evaluated (0 = no evaluation).")
+    shuffle: bool = Field(True, description="Shuffle a file dataset each epoch (seeded by train.seed).")
+
+
+class RewardSpec(_Section):
+    name: str = Field(description="A built-in reward (REWARDS registry) or a dotted import path 'pkg.mod:fn'.")
+    weight: float = Field(1.0, description="Weight in the weighted sum of rewards (TRL's reward_weights).")
+    options: dict[str, Any] = Field(default_factory=dict, description="Keyword options for a built-in reward.")
+
+
+class AlgoConfig(_Section):
+    loss_type: str = Field(
+        "dapo",
+        description="Objective preset: grpo, bnpo, dr_grpo, dapo, gspo, cispo, sapo, luspo (docs/algorithms.md).",
+    )
+    beta: float = Field(0.0, ge=0.0, description="KL coefficient. 0 = no reference model is loaded (TRL default).")
+    epsilon: float = Field(0.2, gt=0.0, description="Lower clip range: ratio clipped at 1 - epsilon.")
+    epsilon_high: float | None = Field(
+        None, gt=0.0, description="Upper clip range (DAPO clip-higher, 0.28 in the paper). None = epsilon."
+    )
+    delta: float | None = Field(None, gt=1.0, description="Two-sided clip: cap the unclipped ratio at delta.")
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token", description="'sequence' = GSPO's length-normalised sequence ratio."
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="Divide centred rewards by the group std, the batch std, or not at all (Dr. GRPO)."
+    )
+    advantage_estimator: Literal["grpo", "rloo"] = Field(
+        "grpo", description="Baseline: group mean (grpo) or leave-one-out mean (rloo)."
+    )
+    num_iterations: int = Field(1, ge=1, description="Updates per generation batch (PPO's mu).")
+    mask_truncated_completions: bool = Field(
+        False, description="Exclude truncated completions from the loss (DAPO overlong filtering)."
+    )
+    top_entropy_quantile: float = Field(
+        1.0, gt=0.0, le=1.0, description="Train only on the top-q highest-entropy tokens (1.0 = all)."
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator (Schulman).")
+    use_bias_correction_kl: bool = Field(
+        True, description="Multiply the k3 KL by the importance ratio (TRL default)."
+    )
+    sampler_importance_sampling_correction: bool = Field(
+        True,
+        description="Correct for sampler/trainer log-prob mismatch with truncated importance sampling "
+        "(TRL's vllm_importance_sampling_correction). Only acts when the engine reports log-probs "
+        "that can differ from the trainer's (vLLM, stale servers).",
+    )
+    sampler_importance_sampling_mode: Literal[
+        "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+    ] = Field("sequence_mask", description="How the sampler importance weights are applied.")
+    sampler_importance_sampling_clip_max: float | None = Field(3.0, description="Upper bound on the weights.")
+    sampler_importance_sampling_clip_min: float | None = Field(None, description="Lower bound (mask modes).")
+    sapo_temperature_pos: float = Field(1.0, gt=0.0, description="SAPO gate temperature for positive advantages.")
+    sapo_temperature_neg: float = Field(1.05, gt=0.0, description="SAPO gate temperature for negative advantages.")
+
+    @field_validator("loss_type")
+    @classmethod
+    def _known_loss(cls, v: str) -> str:
+        from rlvr.core import loss_type_names
+
+        names = loss_type_names()
+        if v not in names:
+            raise ValueError(f"unknown loss_type {v!r}; valid choices: {', '.join(names)}")
+        return v
+
+
+class RolloutConfig(_Section):
+    backend: str = Field("native", description="Rollout engine: hf, native, vllm, vllm-server, openai.")
+    engine_options: dict[str, Any] = Field(default_factory=dict, description="Backend-specific options.")
+    num_generations: int = Field(8, ge=2, description="Completions per prompt: the group size G.")
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (log-probs use it too).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling.")
+    top_k: int = Field(0, ge=0, description="Top-k sampling (0 = off).")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, description="Min-p sampling (0 = off).")
+    repetition_penalty: float = Field(1.0, gt=0.0, description="Repetition penalty (1 = off).")
+    max_completion_length: int = Field(
+        8, ge=1, description="Max completion tokens (TRL default 512; 8 fits the default arithmetic task)."
+    )
+    max_prompt_length: int | None = Field(None, ge=1, description="Left-truncate longer prompts (None = never).")
+    stop: list[str] = Field(default_factory=list, description="Stop strings.")
+    allow_stale_sampler: bool = Field(
+        False,
+        description="Allow an engine that cannot take new weights (an OpenAI-compatible server); the "
+        "trainer then counts the policy lag and corrects with importance sampling.",
+    )
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        from rlvr.rollout import ENGINE_NAMES
+
+        if v not in ENGINE_NAMES:
+            raise ValueError(f"unknown rollout backend {v!r}; valid choices: {', '.join(ENGINE_NAMES)}")
+        return v
+
+
+class TrainConfig(_Section):
+    learning_rate: float = Field(
+        2e-4, gt=0.0, description="Peak learning rate (TRL default 1e-6 suits billion-parameter models)."
+    )
+    lr_scheduler_type: Literal["constant", "constant_with_warmup", "linear", "cosine"] = Field(
+        "constant_with_warmup", description="Learning-rate schedule over max_steps."
+    )
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Fraction of max_steps spent warming up.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1.")
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2.")
+    adam_epsilon: float = Field(1e-8, gt=0.0, description="AdamW epsilon.")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping (global L2 norm).")
+    per_device_train_batch_size: int = Field(
+        64, ge=1, description="Completions per micro-batch (TRL's meaning). Must be a multiple of num_generations."
+    )
+    gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
+    steps_per_generation: int | None = Field(
+        None, ge=1, description="Micro-batches served by one generation batch (None = gradient_accumulation_steps)."
+    )
+    max_steps: int = Field(100, ge=1, description="Optimizer steps to run.")
+    seed: int = Field(42, description="Seed for data order, sampling and initialisation.")
+
+    @property
+    def spg(self) -> int:
+        return self.steps_per_generation or self.gradient_accumulation_steps
+
+
+class DapoConfig(_Section):
+    dynamic_sampling: bool = Field(
+        False, description="Drop zero-spread groups and sample more prompts until the batch is full (DAPO)."
+    )
+    max_generation_rounds: int = Field(4, ge=1, description="Sampling rounds per batch before training on what there is.")
+    oversample_factor: float = Field(1.0, ge=1.0, description="Prompts drawn per round, as a multiple of the need.")
+    skip_solved_prompts: bool = Field(
+        False, description="Skip prompts that were all-pass (or all-fail) the last `skip_after` times they were seen."
+    )
+    skip_after: int = Field(2, ge=1, description="Consecutive zero-spread outcomes before a prompt is skipped.")
+    reprobe_fraction: float = Field(0.1, ge=0.0, le=1.0, description="Chance that a skipped prompt is probed again.")
+
+
+class LogConfig(_Section):
+    output_dir: str = Field("runs/default", description="Run folder: config, metrics, samples, checkpoints.")
+    logging_steps: int = Field(10, ge=1, description="Print a sample table and a metrics line every N steps.")
+    save_steps: int = Field(50, ge=1, description="Checkpoint every N optimizer steps (and at the end).")
+    save_total_limit: int | None = Field(2, ge=1, description="Keep only the newest N checkpoints.")
+    eval_steps: int | None = Field(None, ge=1, description="Evaluate held-out accuracy every N steps.")
+    eval_before_after: bool = Field(True, description="Evaluate held-out greedy accuracy before and after training.")
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(
+        default_factory=lambda: ["tensorboard"], description="Extra metric sinks besides metrics.jsonl."
+    )
+    record_rollouts: bool = Field(True, description="Append every completion to the compressed rollout record.")
+    samples_per_class: int = Field(2, ge=0, description="Sample completions shown per outcome class each log.")
+    progress: bool = Field(True, description="Show a progress bar on the console.")
+
+
+class Config(_Section):
+    """A whole run."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    rewards: list[RewardSpec] = Field(
+        default_factory=list, description="Reward functions; empty = the built-in task's default rewards."
+    )
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    dapo: DapoConfig = Field(default_factory=DapoConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    resume: bool | str = Field(
+        False, description="true = continue from the newest checkpoint in output_dir; a path = that checkpoint."
+    )
+
+    @field_validator("rewards")
+    @classmethod
+    def _known_rewards(cls, specs: list[RewardSpec]) -> list[RewardSpec]:
+        from rlvr.scoring import reward_names
+
+        names = reward_names()
+        for s in specs:
+            if ":" not in s.name and s.name not in names:
+                raise ValueError(
+                    f"unknown reward {s.name!r}; valid built-in rewards: {', '.join(names)} "
+                    "(or give your own function as 'package.module:function')"
+                )
+        return specs
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Config":
+        g, t = self.rollout.num_generations, self.train
+        problems = []
+        if t.per_device_train_batch_size * t.spg % g:
+            problems.append(
+                f"the generation batch (per_device_train_batch_size {t.per_device_train_batch_size} x "
+                f"steps_per_generation {t.spg}) must be divisible by rollout.num_generations {g}: "
+                "each prompt's group must be whole"
+            )
+        if t.spg % t.gradient_accumulation_steps:
+            problems.append(
+                f"train.steps_per_generation ({t.spg}) must be a multiple of gradient_accumulation_steps "
+                f"({t.gradient_accumulation_steps})"
+            )
+        if self.data.path is None and self.data.task is None:
+            problems.append("set data.path (a dataset file) or data.task (a built-in task)")
+        if self.data.path is None and self.data.task is not None:
+            from rlvr.tasks import TASKS
+
+            if self.data.task not in TASKS:
+                problems.append(f"unknown data.task {self.data.task!r}; valid choices: {', '.join(TASKS.names())}")
+        if self.data.path is not None and not self.rewards:
+            problems.append("a dataset from data.path needs `rewards:` (e.g. [{name: math}])")
+        if self.algo.epsilon >= 1.0:
+            problems.append(f"algo.epsilon {self.algo.epsilon} must be < 1 (the ratio is clipped at 1 - epsilon)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    # ------------------------------------------------------------------ derived quantities
+    @property
+    def generation_batch_size(self) -> int:
+        """Completions per generation batch (N = B·G), on one process."""
+        return self.train.per_device_train_batch_size * self.train.spg
+
+    @property
+    def prompts_per_generation(self) -> int:
+        """B: prompts sampled per generation batch."""
+        return self.generation_batch_size // self.rollout.num_generations
+
+
+# --------------------------------------------------------------------------------------------
+# Loading: YAML + key=value overrides -> validated Config
+# --------------------------------------------------------------------------------------------
+
+_SECTIONS = ("model", "data", "algo", "rollout", "train", "dapo", "log")
+
+
+def _section_fields() -> dict[str, list[str]]:
+    """Bare field name -> sections that define it (for routing TRL's flat names)."""
+    out: dict[str, list[str]] = {}
+    for sec in _SECTIONS:
+        for name in Config.model_fields[sec].annotation.model_fields:  # type: ignore[union-attr]
+            out.setdefault(name, []).append(sec)
+    return out
+
+
+def _route_flat_key(key: str) -> str:
+    """'loss_type' -> 'algo.loss_type' when the bare name lives in exactly one section."""
+    head = key.split(".", 1)[0]
+    if head in Config.model_fields:
+        return key
+    owners = _section_fields().get(head, [])
+    if len(owners) == 1:
+        return f"{owners[0]}.{key}"
+    return key  # left as is: validation reports it as an unknown key with suggestions
+
+
+def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    parts = _route_flat_key(key).split(".")
+    node = tree
+    for p in parts[:-1]:
+        if not isinstance(node.get(p, {}), dict):
+            raise ConfigError(f"cannot set {key!r}: {p!r} is not a section")
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """['algo.beta=0.04', 'rollout.stop=["\\n"]'] -> nested dict. Values are parsed as YAML scalars."""
+    tree: dict = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(
+                f"override {item!r} is not of the form key=value (e.g. algo.loss_type=gspo or train.max_steps=200)"
+            )
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        _set_dotted(tree, key.strip(), value)
+    return tree
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _normalise_top_level(tree: dict) -> dict:
+    """Route flat TRL keys found at the top level of a YAML file into their sections."""
+    out: dict = {}
+    for k, v in tree.items():
+        if k in Config.model_fields:
+            out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        else:
+            _set_dotted(out, k, v)
+    return out
+
+
+def _valid_keys_at(loc: tuple) -> list[str]:
+    model: Any = Config
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            model = RewardSpec
+            continue
+        field = model.model_fields.get(part)
+        ann = getattr(field, "annotation", None)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        elif part == "rewards":
+            model = RewardSpec
+        else:
+            return []
+    return sorted(model.model_fields)
+
+
+def format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        where = ".".join(str(p) for p in loc) or "(config)"
+        if e["type"] == "extra_forbidden":
+            valid = _valid_keys_at(loc)
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            lines.append(f"- {where}: unknown key.{hint} Valid keys here: {', '.join(valid)}.")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            got = e.get("input")
+            shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
+            lines.append(f"- {where}: {msg}{shown}.")
+    return "invalid config:\n" + "\n".join(lines) + "\nSee `rlvr train --help` or docs/config.md for every option."
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML file (optional), apply key=value overrides, validate. Raises ConfigError."""
+    tree: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            # A bare name like `dapo_math` resolves to configs/<name>.yaml in the repository.
+            alt = Path(__file__).resolve().parent.parent / "configs" / f"{p.stem}.yaml"
+            if p.suffix in ("", ".yaml", ".yml") and alt.exists():
+                p = alt
+            else:
+                raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections, got {type(loaded).__name__}")
+        tree = _normalise_top_level(loaded)
+    tree = _merge(tree, parse_overrides(overrides or []))
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e)) from None
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def describe_options() -> str:
+    """Every option with its default and documentation, for `rlvr train --help` and docs/config.md."""
+    lines = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, f in model.model_fields.items():
+            ann = f.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                walk(ann, f"{prefix}{name}.")
+                continue
+            default = f.get_default(call_default_factory=True)
+            if isinstance(default, BaseModel):
+                continue
+            lines.append(f"{prefix}{name} = {default!r}\n    {f.description or ''}")
+
+    walk(Config, "")
+    return "\n".join(lines)

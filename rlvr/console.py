@@ -1,0 +1,97 @@
+"""What a person sees while a run trains: a progress bar, warnings, a few samples, a before/after table."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console as RichConsole
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+
+class Console:
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.rich = RichConsole(stderr=False, highlight=False)
+        self._progress: Progress | None = None
+        self._task = None
+        self._warned: set[str] = set()
+
+    def info(self, msg: str) -> None:
+        self.rich.print(f"[bold cyan]rlvr[/] {msg}", markup=True)
+
+    def warn(self, msg: str) -> None:
+        key = msg.split(";")[0][:120]  # the same warning every step is noise: show each kind at most 3 times
+        count = sum(1 for k in self._warned if k.startswith(key))
+        if count >= 3:
+            return
+        self._warned.add(f"{key}#{count}")
+        self.rich.print("[bold yellow]warning[/]", msg)
+
+    def start(self, total: int, done: int) -> None:
+        if not self.enabled:
+            return
+        self._progress = Progress(
+            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=self.rich,
+            disable=not sys.stdout.isatty(),
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("train", total=total, completed=done, info="")
+
+    def progress(self, step: int, m: dict[str, float]) -> None:
+        if self._progress is None:
+            return
+        info = f"reward {m.get('reward', float('nan')):.3f}"
+        if "groups/mixed" in m:
+            info += f" | mixed {m['groups/mixed']:.0%}"
+        self._progress.update(self._task, completed=step, info=info)
+
+    def samples(self, step: int, samples: list[dict], m: dict[str, float]) -> None:
+        line = (f"step {step}: reward {m.get('reward', float('nan')):.3f}  "
+                f"len {m.get('completions/mean_length', float('nan')):.1f}  "
+                f"truncated {m.get('completions/clipped_ratio', 0.0):.0%}  "
+                f"all-fail/mixed/all-pass {m.get('groups/all_fail', float('nan')):.0%}/"
+                f"{m.get('groups/mixed', float('nan')):.0%}/{m.get('groups/all_pass', float('nan')):.0%}  "
+                f"loss {m.get('loss', float('nan')):.4f}")
+        self.rich.print(line, markup=False, highlight=False)
+        if not samples:
+            return
+        table = Table(show_header=True, header_style="bold", show_lines=False, pad_edge=False)
+        for col in ("class", "prompt", "completion", "reward", "adv"):
+            table.add_column(col, overflow="fold", max_width=48 if col in ("prompt", "completion") else None)
+        for s in samples:
+            table.add_row(str(s.get("class", "")), _short(s.get("prompt", "")), _short(s.get("completion", "")),
+                          _fmt(s.get("reward")), _fmt(s.get("advantage")))
+        self.rich.print(table)
+
+    def finish(self, before: dict[str, Any], after: dict[str, Any], run_dir: Path) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+        if before or after:
+            table = Table(title="held-out evaluation (greedy)", header_style="bold")
+            table.add_column("metric")
+            table.add_column("before", justify="right")
+            table.add_column("after", justify="right")
+            for key in ("accuracy", "mean_length", "truncation_rate"):
+                b, a = before.get(key), after.get(key)
+                pct = key != "mean_length"
+                table.add_row(key, _fmt(b, pct), _fmt(a, pct))
+            self.rich.print(table)
+        self.info(f"run folder: {run_dir.resolve()}  (metrics.jsonl, samples.jsonl, checkpoints/, final/)")
+
+
+def _short(x: Any, n: int = 120) -> str:
+    s = str(x).replace("\n", "⏎")
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def _fmt(v: Any, pct: bool = False) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if pct:
+        return f"{v:.1%}"
+    return f"{v:.3g}" if isinstance(v, float) else str(v)

@@ -1,0 +1,81 @@
+"""Where prompts come from during training: a built-in task's stream or a dataset file, resumable.
+
+The stream's whole state is one integer, the number of rows handed out so far: a resumed run
+rebuilds the same stream from the seed and skips that many rows, so data order is bitwise the same
+as in a run that was never interrupted.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Iterator
+
+from rlvr.config import Config
+
+
+def _file_rows(cfg: Config, path: str) -> list[dict]:
+    from rlvr.tasks import load_rows
+
+    return load_rows(path, split=cfg.data.split, prompt_column=cfg.data.prompt_column,
+                     answer_column=cfg.data.answer_column)
+
+
+class PromptStream:
+    """An endless, seeded, resumable iterator of dataset rows (dicts with at least 'prompt')."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.position = 0
+        self._rows: list[dict] | None = None
+        if cfg.data.path is not None:
+            self._rows = _file_rows(cfg, cfg.data.path)
+            if not self._rows:
+                raise ValueError(f"dataset {cfg.data.path!r} has no rows")
+            for i, row in enumerate(self._rows):
+                row.setdefault("prompt_id", str(i))
+        self._it = self._iterate()
+
+    def _iterate(self) -> Iterator[dict]:
+        seed = self.cfg.train.seed
+        if self._rows is None:
+            from rlvr.tasks import get_task
+
+            yield from get_task(self.cfg.data.task, **self.cfg.data.task_options).train_rows(seed)
+            return
+        epoch = 0
+        while True:  # epochs of a file dataset, each shuffled with its own seed
+            order = list(range(len(self._rows)))
+            if self.cfg.data.shuffle:
+                random.Random(seed * 1_000_003 + epoch).shuffle(order)
+            for i in order:
+                yield dict(self._rows[i])
+            epoch += 1
+
+    def take(self, n: int) -> list[dict]:
+        rows = [next(self._it) for _ in range(n)]
+        self.position += n
+        return rows
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._it = self._iterate()
+        self.position = 0
+        for _ in range(state["position"]):
+            next(self._it)
+        self.position = state["position"]
+
+
+def eval_rows(cfg: Config) -> list[dict]:
+    """Held-out rows: the task's disjoint eval split, or data.eval_path."""
+    if cfg.data.eval_size == 0:
+        return []
+    if cfg.data.eval_path is not None:
+        rows = _file_rows(cfg, cfg.data.eval_path)
+        return rows[: cfg.data.eval_size]
+    if cfg.data.path is not None:
+        return []  # a file dataset without eval_path: nothing held out to evaluate on
+    from rlvr.tasks import get_task
+
+    return get_task(cfg.data.task, **cfg.data.task_options).eval_rows(cfg.data.eval_size, seed=0)

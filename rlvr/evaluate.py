@@ -1,0 +1,85 @@
+"""Held-out evaluation: greedy accuracy, pass@k at a temperature, mean length, truncation rate.
+
+Used by `rlvr train` (before and after training, and every ``log.eval_steps``) and `rlvr eval`.
+A completion is *correct* when the correctness checker's verdict says so; for a plain reward
+function without verdicts, when its reward is >= 1.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rlvr.prompts import as_completion_payload, encode_prompts
+from rlvr.rollout.base import RolloutEngine, SamplingParams
+from rlvr.scoring import RewardFn, score
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021, 'Evaluating LLMs trained on code'):
+    1 - C(n-c, k) / C(n, k), computed as a product to stay exact for large n."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples per prompt, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def correctness_fn(reward_fns: list[RewardFn]) -> RewardFn:
+    for rf in reward_fns:
+        if rf.kind == "correctness":
+            return rf
+    return reward_fns[0]
+
+
+def evaluate(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    rows: list[dict],
+    reward_fns: list[RewardFn],
+    *,
+    max_tokens: int,
+    n: int = 1,
+    temperature: float = 0.0,
+    ks: tuple[int, ...] = (1,),
+    seed: int = 0,
+    stop: tuple[str, ...] = (),
+    max_prompt_length: int | None = None,
+    chunk: int = 512,
+) -> dict[str, float]:
+    """temperature 0 = greedy (then n is 1). Returns accuracy (mean correct over all samples),
+    pass@k for each k <= n, mean completion length in tokens, and the truncation rate."""
+    if not rows:
+        return {}
+    if temperature == 0.0:
+        n = 1
+    checker = correctness_fn(reward_fns)
+    sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, stop=tuple(stop), seed=seed)
+    correct_per_prompt: list[int] = []
+    lengths, truncated = [], []
+    for start in range(0, len(rows), max(1, chunk // n)):
+        part = rows[start: start + max(1, chunk // n)]
+        prompts = [r["prompt"] for r in part]
+        comps = engine.generate(encode_prompts(tokenizer, prompts, max_prompt_length), n, sampling)
+        trunc = [c.finish_reason == "length" for c in comps]
+        cols = {k: [r.get(k) for r in part for _ in range(n)] for k in part[0] if k != "prompt"}
+        cols["truncated"] = trunc
+        flat_prompts = [p for p in prompts for _ in range(n)]
+        res = score([checker], flat_prompts, [as_completion_payload(p, c.text) for p, c in zip(flat_prompts, comps)],
+                    [c.token_ids for c in comps], cols)
+        ok = [(v.correct if v is not None else (not math.isnan(r) and r >= 1.0))
+              for v, r in zip(res.verdicts or [None] * len(comps), res.rewards_NK[:, 0].tolist())]
+        correct_per_prompt += [sum(ok[i * n:(i + 1) * n]) for i in range(len(part))]
+        lengths += [len(c.token_ids) for c in comps]
+        truncated += trunc
+    out = {
+        "accuracy": sum(correct_per_prompt) / (n * len(correct_per_prompt)),
+        "mean_length": sum(lengths) / len(lengths),
+        "truncation_rate": sum(truncated) / len(truncated),
+        "num_prompts": float(len(correct_per_prompt)),
+        "samples_per_prompt": float(n),
+    }
+    for k in ks:
+        if k <= n and temperature > 0:
+            out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct_per_prompt) / len(correct_per_prompt)
+    return out

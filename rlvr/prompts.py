@@ -1,0 +1,43 @@
+"""Prompt text -> token ids, the one place that decides how prompts are rendered.
+
+Chat-message prompts (``[{"role": "user", "content": ...}]``) go through the tokenizer's chat
+template with the generation prompt appended; plain strings are used as they are. Like TRL, no
+extra special tokens are added after rendering (the chat template already holds BOS where the model
+wants it); a tokenizer whose plain-text convention needs BOS gets it from
+``tokenizer.bos_token`` being configured to be added by its post-processor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def render_prompt(tokenizer: Any, prompt: str | list[dict]) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(
+                "the dataset has chat-message prompts but the tokenizer has no chat template; "
+                "use a chat/instruct model, set tokenizer.chat_template, or give plain-text prompts"
+            )
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    raise TypeError(f"a prompt must be a string or a list of chat messages, got {type(prompt).__name__}")
+
+
+def encode_prompts(tokenizer: Any, prompts: list, max_prompt_length: int | None = None) -> list[list[int]]:
+    """Render and tokenize; longer prompts keep their last max_prompt_length tokens (TRL does the same)."""
+    ids = [tokenizer(render_prompt(tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
+    if max_prompt_length is not None:
+        ids = [x[-max_prompt_length:] for x in ids]
+    empty = [i for i, x in enumerate(ids) if not x]
+    if empty:
+        raise ValueError(f"prompt {empty[0]} tokenizes to nothing; every prompt needs at least one token")
+    return ids
+
+
+def as_completion_payload(prompt: str | list[dict], text: str) -> str | list[dict]:
+    """TRL passes conversational completions as message lists; plain prompts get plain text."""
+    if isinstance(prompt, list):
+        return [{"role": "assistant", "content": text}]
+    return text
