@@ -31,6 +31,10 @@ class Console:
         self._warned.add(f"{key}#{count}")
         self.rich.print("[bold yellow]warning[/]", msg)
 
+    def raw(self, msg: str) -> None:
+        """A line that is already formatted (diagnostics' warnings), shown in yellow."""
+        self.rich.print(msg, style="yellow", markup=False, highlight=False)
+
     def start(self, total: int, done: int) -> None:
         if not self.enabled:
             return

@@ -1,10 +1,9 @@
 """Prompt text -> token ids, the one place that decides how prompts are rendered.
 
 Chat-message prompts (``[{"role": "user", "content": ...}]``) go through the tokenizer's chat
-template with the generation prompt appended; plain strings are used as they are. Like TRL, no
-extra special tokens are added after rendering (the chat template already holds BOS where the model
-wants it); a tokenizer whose plain-text convention needs BOS gets it from
-``tokenizer.bos_token`` being configured to be added by its post-processor.
+template with the generation prompt appended and are tokenized without extra special tokens (the
+template already holds BOS where the model wants it); plain strings are tokenized with the
+tokenizer's own special tokens (BOS for Llama-style tokenizers). Both as TRL 1.16 does.
 """
 
 from __future__ import annotations
@@ -27,7 +26,8 @@ def render_prompt(tokenizer: Any, prompt: str | list[dict]) -> str:
 
 def encode_prompts(tokenizer: Any, prompts: list, max_prompt_length: int | None = None) -> list[list[int]]:
     """Render and tokenize; longer prompts keep their last max_prompt_length tokens (TRL does the same)."""
-    ids = [tokenizer(render_prompt(tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
+    ids = [tokenizer(render_prompt(tokenizer, p), add_special_tokens=isinstance(p, str))["input_ids"]
+           for p in prompts]
     if max_prompt_length is not None:
         ids = [x[-max_prompt_length:] for x in ids]
     empty = [i for i, x in enumerate(ids) if not x]

@@ -267,8 +267,7 @@ def log(run: Run, batch: Rollouts, adv_N: torch.Tensor, step_metrics: list[dict[
     m.update(run.groups.pop_metrics())
     for key in step_metrics[0] if step_metrics else []:
         m[key] = sum(s[key] for s in step_metrics) / len(step_metrics)
-    for w in warnings:
-        run.console.warn(w)
+    del warnings  # Diagnostics already printed them through run.console.raw
     mism = check_mismatch(m)
     if mism:
         run.console.warn(mism)
@@ -276,7 +275,7 @@ def log(run: Run, batch: Rollouts, adv_N: torch.Tensor, step_metrics: list[dict[
     m["tokens_per_second"] = m["num_tokens"] / max(1e-9, m.get("timing/rollout", 0.0))
     if run.step % run.cfg.log.logging_steps == 0 or run.step >= run.cfg.train.max_steps:
         run.logger.log(run.step, m)
-        run.console.samples(run.step, run.diagnostics.samples(run.step, recs), m)
+        run.console.samples(run.step, run.diagnostics.samples(run.step, recs, echo=False), m)
     run.console.progress(run.step, m)
 
 
@@ -316,7 +315,7 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
                               [rf.weight for rf in reward_fns], {rf.name: rf.kind for rf in reward_fns},
                               reward_funcs={rf.name: rf.fn for rf in reward_fns},
                               record_rollouts=cfg.log.record_rollouts,
-                              samples_per_class=cfg.log.samples_per_class, console=console.warn)
+                              samples_per_class=cfg.log.samples_per_class, console=console.raw)
     write_run_header(run_dir, cfg, {"rewards": [rf.name for rf in reward_fns], "device": str(device)})
     return Run(cfg, run_dir, device, model, ref_model, tokenizer, engine, reward_fns, stream, optimizer,
                scheduler, diagnostics,
