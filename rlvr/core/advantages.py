@@ -88,7 +88,8 @@ def nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> to
     dims = tuple(range(x.dim())) if dim is None else (dim,)
     mean = torch.nanmean(x, dim=dims, keepdim=True)
     count = (~torch.isnan(x)).sum(dim=dims, keepdim=True)
-    var = torch.nanmean((x - mean) ** 2, dim=dims, keepdim=True) * count / (count - 1)
+    # Correction factor computed first and in x's dtype: in float32 this is bit-for-bit TRL's nanstd.
+    var = torch.nanmean((x - mean) ** 2, dim=dims, keepdim=True) * (count.to(x.dtype) / (count - 1).to(x.dtype))
     var = torch.where(count > 1, var, torch.full_like(var, math.nan))
     std = var.sqrt()
     if keepdim:
