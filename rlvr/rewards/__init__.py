@@ -1,0 +1,16 @@
+"""Reward functions and the checkers under them (DESIGN.md §6, issue 5).
+
+Importing this package registers every built-in reward factory in ``REWARDS``:
+``math``, ``format``, ``overlong`` (and ``code``, ``json_schema`` once their modules exist).
+"""
+
+from rlvr.rewards.base import REWARDS, CheckerReward, Verdict, completion_text
+from rlvr.rewards import formatcheck, length, mathcheck  # noqa: F401  (registration)
+from rlvr.rewards.formatcheck import FormatReward, check_tags
+from rlvr.rewards.length import OverlongPenalty
+from rlvr.rewards.mathcheck import MathReward, check_math, equivalent
+
+__all__ = [
+    "REWARDS", "Verdict", "CheckerReward", "completion_text",
+    "MathReward", "check_math", "equivalent", "FormatReward", "check_tags", "OverlongPenalty",
+]

@@ -39,3 +39,92 @@ class Verdict:
 from rlvr.registry import Registry  # noqa: E402
 
 REWARDS: Registry = Registry("reward function")
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers shared by the built-in checkers (added by issue 5). Nothing above this line changed.
+# ---------------------------------------------------------------------------------------------
+
+import time  # noqa: E402
+from collections import Counter  # noqa: E402
+from typing import Callable, Sequence  # noqa: E402
+
+
+def completion_text(completion: Any) -> str:
+    """The text of one completion in either of TRL's formats.
+
+    Standard format: a plain string. Conversational format: a list of messages
+    ``[{"role": "assistant", "content": ...}]`` where ``content`` is a string or a list of parts
+    ``[{"type": "text", "text": ...}]``. Only assistant turns are read (a tool or user turn is not
+    the model's answer); several assistant turns are joined with newlines.
+    """
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        completion = [completion]
+    if isinstance(completion, (list, tuple)):
+        parts: list[str] = []
+        for message in completion:
+            if not isinstance(message, dict) or message.get("role", "assistant") != "assistant":
+                continue
+            content = message.get("content", "")
+            if isinstance(content, str):
+                parts.append(content)
+            elif isinstance(content, list):
+                parts.extend(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+        return "\n".join(parts)
+    raise TypeError(
+        f"a completion must be a string or a list of chat messages, got {type(completion).__name__}; "
+        "pass TRL's standard format (str) or conversational format ([{'role': 'assistant', 'content': ...}])"
+    )
+
+
+def row_columns(columns: dict[str, Any], n: int, i: int) -> dict[str, Any]:
+    """Column values for completion ``i`` of ``n``: list columns of length n are indexed, others
+    (``trainer_state``, scalars) are passed through unchanged."""
+    return {k: (v[i] if isinstance(v, (list, tuple)) and len(v) == n else v) for k, v in columns.items()}
+
+
+class CheckerReward:
+    """A reward function built on verdicts: TRL's signature outside, ``Verdict`` inside.
+
+    Subclasses implement ``check(text, row) -> Verdict``; this class adds the TRL call, the
+    ``verdicts`` method the trainer prefers, timing, and ``stats`` (a Counter of verdict reasons
+    since construction, so that timeouts and errors are counted, not silently scored 0).
+    """
+
+    kind: str = "correctness"
+    gold_column: str | None = None
+
+    def __init__(self, name: str):
+        self.__name__ = name
+        self.stats: Counter[str] = Counter()
+
+    def check(self, text: str, row: dict[str, Any]) -> Verdict:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _checked(self, completion: Any, row: dict[str, Any]) -> Verdict:
+        start = time.perf_counter()
+        verdict = self.check(completion_text(completion), row)
+        verdict.seconds = time.perf_counter() - start
+        self.stats[verdict.reason] += 1
+        return verdict
+
+    def verdicts(self, prompts: Sequence[Any] | None, completions: Sequence[Any], completion_ids: Sequence[Sequence[int]] | None = None, **columns: Any) -> list[Verdict]:
+        n = len(completions)
+        if self.gold_column is not None and self.gold_column not in columns:
+            raise KeyError(
+                f"reward {self.__name__!r} reads the gold answer from column {self.gold_column!r}, which the "
+                f"dataset does not have (columns: {', '.join(sorted(columns)) or 'none'}); rename the column or "
+                f"pass gold_column=<name> to the reward"
+            )
+        return [self._checked(c, row_columns(columns, n, i)) for i, c in enumerate(completions)]
+
+    def __call__(self, prompts: Sequence[Any] | None, completions: Sequence[Any], completion_ids: Sequence[Sequence[int]] | None = None, **columns: Any) -> list[float | None]:
+        return [v.reward for v in self.verdicts(prompts, completions, completion_ids, **columns)]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.__name__!r}, kind={self.kind!r})"
+
+
+RewardFn = Callable[..., list]

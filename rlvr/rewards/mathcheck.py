@@ -1,0 +1,344 @@
+"""The math checker: strict final-answer extraction, generous equivalence (issue 5, DESIGN.md §6).
+
+Extraction is strict because training optimises whatever the extractor lets through:
+  * a final answer is read only from an anchor: ``\\boxed{}``/``\\fbox{}``, ``<answer>…</answer>``,
+    ``Answer:`` / ``The (final) answer is``, ``#### x``, or — when the completion (or the text after
+    a ``</think>`` block) is nothing but a short answer — that text itself;
+  * every anchor is read and the distinct answers counted: more than one is ``multiple_answers``
+    (answer spraying scores 0); there is no "last number anywhere" fallback;
+  * a hedged answer (``3 or 4``, ``maybe 5``, ``approximately 7``) is ``hedged`` and scores 0;
+  * a truncated completion (the trainer's ``truncated`` column) scores 0, whatever it contains.
+
+Equivalence is generous about *form* and exact about *value*: numbers compare as exact fractions
+after reading integers, decimals, fractions, ``\\frac``, thousands separators, scientific forms,
+number words, currency and unit words; a percent sign means /100 only when the gold is a
+percentage (so ``50%`` is never accepted for a gold of ``0.5``: that is the ×100 decoy). Anything
+else goes to math-verify (LaTeX parsing and symbolic comparison) in a killable worker process
+after the input passed size, digit and exponent bounds. Model text is never evaluated as code.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from rlvr.rewards.base import REWARDS, CheckerReward, Verdict
+from rlvr.rewards.numparse import MAX_DIGITS, NUMBER_WORDS, parse_number, parse_number_words
+from rlvr.rewards.symbolic import get_pool
+
+# ---------------------------------------------------------------------------------------------
+# Extraction
+# ---------------------------------------------------------------------------------------------
+
+_ANCHOR_RE = re.compile(
+    r"(?im)(?:\bfinal\s+answer|\bthe\s+answer|^\W*answer)\W{0,4}?\s*(?:is\b|:|=)[\s:*]*(.+?)\s*$"
+)
+_HASHES_RE = re.compile(r"(?m)^\s*####\s*(.+?)\s*$")
+_ANSWER_TAG_RE = re.compile(r"(?s)<answer>(.*?)</answer>")
+_BOX_START_RE = re.compile(r"\\(?:boxed|fbox)\s*")
+_SHORT_ANSWER_MAX = 60  # chars: a bare completion longer than this is prose, not an answer
+
+
+@dataclass(frozen=True)
+class Candidate:
+    path: str  # "boxed", "answer_tag", "answer_anchor", "####", "after_think", "whole"
+    text: str
+
+
+def _boxed_contents(text: str) -> list[str]:
+    """Contents of every ``\\boxed{...}`` / ``\\fbox{...}`` with balanced braces (unbalanced ones
+    are dropped: a box cut off by truncation is not an answer)."""
+    found = []
+    for m in _BOX_START_RE.finditer(text):
+        i = m.end()
+        if i < len(text) and text[i] == "{":
+            depth, j = 0, i
+            while j < len(text):
+                if text[j] == "{":
+                    depth += 1
+                elif text[j] == "}":
+                    depth -= 1
+                    if depth == 0:
+                        found.append(text[i + 1 : j])
+                        break
+                j += 1
+        else:  # "\boxed 5": the next token
+            tok = re.match(r"[^\s$]+", text[i:])
+            if tok and m.group(0).endswith(" "):
+                found.append(tok.group(0))
+    return found
+
+
+def _clip_anchor(s: str) -> str:
+    # "The answer is 18 because ..." / "Answer: 18. Done." -> "18"
+    s = re.split(r"\s+(?:because|since|as|which|so)\b|,\s|\.\s|;\s", s, maxsplit=1)[0]
+    return s.strip().strip("*").strip()
+
+
+def _answer_like(s: str) -> bool:
+    # "To get the answer: first add the two rates" is prose, not a final answer; a capture counts
+    # when it holds a digit, math markup, or is at most four words ("eighteen", "no solution").
+    return bool(s) and (bool(re.search(r"[\d$\\]", s)) or len(s.split()) <= 4)
+
+
+def extract_candidates(text: str) -> tuple[list[Candidate], str]:
+    """All final-answer candidates of a completion, and a reason when there cannot be any."""
+    if "<think>" in text and "</think>" not in text:
+        return [], "unclosed_think"
+    after_think = "</think>" in text
+    if after_think:
+        text = text.rsplit("</think>", 1)[1]
+    cands: list[Candidate] = []
+    tags = _ANSWER_TAG_RE.findall(text)
+    cands += [Candidate("answer_tag", t) for t in tags]
+    outside = _ANSWER_TAG_RE.sub(" ", text)
+    cands += [Candidate("boxed", b) for b in _boxed_contents(outside)]
+    cands += [Candidate("answer_anchor", a) for a in map(_clip_anchor, _ANCHOR_RE.findall(outside)) if _answer_like(a)]
+    cands += [Candidate("####", _clip_anchor(h)) for h in _HASHES_RE.findall(outside)]
+    if not cands:
+        bare = text.strip()
+        if bare and len(bare) <= _SHORT_ANSWER_MAX and "\n" not in bare and "=" not in bare and len(bare.split()) <= 4:
+            cands.append(Candidate("after_think" if after_think else "whole", bare))
+    return cands, ("ok" if cands else "no_answer")
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalisation and numeric reading
+# ---------------------------------------------------------------------------------------------
+
+_HEDGE_RE = re.compile(
+    r"\b(?:or|either|nor|maybe|perhaps|possibly|probably|likely|approximately|approx|about|around|"
+    r"roughly|nearly|almost|between|guess)\b|\\lor\b|\\approx\b|≈|\\sim\b|\?"
+)
+_TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
+_SPACING_RE = re.compile(r"\\(?:left|right|displaystyle|!|,|;|:|quad|qquad)|\\ ")
+# Words after a number that are *not* units: stripping them would change the value or the claim.
+_NOT_UNITS = NUMBER_WORDS | {
+    "or", "and", "to", "of", "by", "over", "times", "plus", "minus", "divided", "squared", "cubed",
+    "pi", "sqrt", "root", "roots", "i", "e", "x", "y", "z", "n", "k", "ln", "log", "sin", "cos",
+    "tan", "dozen", "dozens", "half", "halves", "third", "thirds", "quarter", "quarters", "fourth",
+    "fourths", "fifth", "fifths", "tenth", "tenths", "hundredth", "hundredths", "percent",
+    "not", "no", "less", "more", "than", "least", "most", "each", "per", "remainder", "r",
+}
+_UNIT_WORD_RE = re.compile(r"^[a-zA-Z][a-zA-Z.]*(?:\^?[23])?(?:/[a-zA-Z]+)?$")
+_GLUED_UNITS = {"cm", "mm", "km", "m", "kg", "g", "mg", "lb", "lbs", "oz", "ft", "in", "mi", "ml", "l", "h", "hr", "hrs", "min", "s", "sec", "mph", "kmh"}
+
+
+def normalize_answer(s: str) -> str:
+    """Presentation-only rewriting: the same answer in any typesetting maps to the same string."""
+    s = s.strip()
+    for _ in range(4):  # unwrap nested presentation layers: $\boxed{\text{18}}$.
+        before = s
+        s = s.strip().strip("*").strip().rstrip(".").strip()
+        if len(s) >= 2 and s[0] == "$" and s[-1] == "$":
+            s = s.strip("$")
+        for left, right in (("\\(", "\\)"), ("\\[", "\\]")):
+            if s.startswith(left) and s.endswith(right):
+                s = s[len(left) : -len(right)]
+        boxed = _boxed_contents(s)
+        if len(boxed) == 1 and re.fullmatch(r"\\(?:boxed|fbox)\s*\{.*\}", s, re.S):
+            s = boxed[0]
+        if s == before:
+            break
+    s = _SPACING_RE.sub(" ", s)
+    s = re.sub(r"\\[dt]frac", r"\\frac", s)
+    s = _TEXT_CMD_RE.sub(lambda m: " " + m.group(1) + " ", s)
+    s = s.replace("\\$", "$").replace("−", "-")
+    s = re.sub(r"^[a-zA-Z]\s*=\s*(?!=)", "", s)  # "x = 5" -> "5"
+    s = re.sub(r"\s+", " ", s).strip().rstrip(".").strip()
+    return s
+
+
+def is_hedged(answer: str) -> bool:
+    return _HEDGE_RE.search(_TEXT_CMD_RE.sub(lambda m: " " + m.group(1) + " ", answer.lower())) is not None
+
+
+def numeric_value(s: str) -> tuple[Fraction | None, bool]:
+    """(exact value, is_percentage) of a normalised answer, or (None, _) when it is not one number."""
+    t = s.strip()
+    percent = False
+    m = re.fullmatch(r"(.*?)\s*(?:\\?%|percent|per\s*cent)", t, re.I)
+    if m:
+        t, percent = m.group(1), True
+    t = re.sub(r"^(?:\$|£|€|usd|eur)\s*", "", t, flags=re.I)
+    t = re.sub(r"\s*(?:\^\s*\{?\\circ\}?|°|\\degree)$", "", t)
+    value = parse_number(t)
+    if value is not None:
+        return value, percent
+    glued = re.fullmatch(r"([-+]?[\d.,]+)([a-zA-Z]+)", t)
+    if glued and glued.group(2).lower() in _GLUED_UNITS:
+        return parse_number(glued.group(1)), percent
+    tokens = t.split()
+    for k in range(len(tokens) - 1, max(len(tokens) - 4, 0) - 1, -1):  # at most 3 unit words
+        if k == 0:
+            break
+        tail = tokens[k:]
+        if all(_UNIT_WORD_RE.match(w) and w.lower().rstrip(".") not in _NOT_UNITS for w in tail):
+            value = parse_number(" ".join(tokens[:k]))
+            if value is not None:
+                return value, percent
+    return None, percent
+
+
+def answer_key(s: str) -> tuple:
+    """Identity of an answer for counting distinct candidates: its value when it is a number."""
+    norm = normalize_answer(s)
+    value, percent = numeric_value(norm)
+    if value is not None:
+        return ("number", value, percent)
+    return ("text", norm.replace(" ", ""))
+
+
+# ---------------------------------------------------------------------------------------------
+# Symbolic path: bounded input, LaTeX only, killable worker
+# ---------------------------------------------------------------------------------------------
+
+MAX_SYMBOLIC_CHARS = 300
+MAX_POWERS = 8
+MAX_EXPONENT_VALUE = 100
+_HEAVY_RE = re.compile(r"\\(?:int|iint|oint|sum|prod|lim|infty\s*!|binom\s*\{\s*\d{4,})")
+
+
+def to_latex(s: str) -> str:
+    """Plain-text spellings that math-verify's LaTeX reader needs in LaTeX form."""
+    s = re.sub(r"\s*(?:\\?%|percent)$", "", s)
+    for _ in range(3):
+        s = re.sub(r"(?<!\\)\bsqrt\s*\(([^()]*)\)", r"\\sqrt{\1}", s)
+    s = re.sub(r"(?<![\\a-zA-Z])pi\b", r"\\pi", s)
+    s = re.sub(r"(?<![\\a-zA-Z])(?:infinity|inf)\b", r"\\infty", s)
+    s = s.replace("**", "^").replace("*", r"\cdot ")
+    return s
+
+
+def symbolic_rejection(latex: str) -> str | None:
+    """Why ``latex`` is too risky to hand to a symbolic engine, or None.
+
+    These bounds run before any parsing: a power tower ``10^{10^{10}}``, a huge factorial, a
+    200-digit literal or a 10 kB expression can each keep sympy busy for minutes or exhaust memory.
+    The worker's timeout would catch them too; rejecting them up front keeps the worker alive.
+    """
+    if len(latex) > MAX_SYMBOLIC_CHARS:
+        return "too_long"
+    if any(len(run) > MAX_DIGITS for run in re.findall(r"\d+", latex)):
+        return "too_many_digits"
+    if latex.count("^") > MAX_POWERS:
+        return "too_many_powers"
+    for m in re.finditer(r"\^\s*(\{(?:[^{}]|\{[^{}]*\})*\}|\S)", latex):
+        exponent = m.group(1).strip("{}")
+        if "^" in exponent or "\\uparrow" in exponent:
+            return "power_tower"
+        if any(int(n) > MAX_EXPONENT_VALUE for n in re.findall(r"\d+", exponent)):
+            return "exponent_too_large"
+    if re.search(r"(\d{3,}|\})\s*!", latex) or "!!" in latex:
+        return "factorial_too_large"
+    if _HEAVY_RE.search(latex):
+        return "unsupported_construct"
+    depth = 0
+    for ch in latex:
+        depth += ch == "{"
+        depth -= ch == "}"
+        if depth > 12:
+            return "too_deep"
+    if re.search(r"(?<!\\)\b[a-zA-Z]{2,}\b", re.sub(r"\\[a-zA-Z]+", " ", latex)):
+        return "words"  # prose in an answer ("3 and 4", "no solution") is not a formula
+    return None
+
+
+def equivalent(gold: str, pred: str, timeout_s: float = 5.0) -> tuple[bool, str]:
+    """(is ``pred`` the same answer as ``gold``, reason). Reasons: ok, wrong, timeout, too_long,
+    power_tower, ..., unparsed, checker_error. Both inputs are raw answer strings."""
+    g, p = normalize_answer(gold), normalize_answer(pred)
+    if not p:
+        return False, "empty_answer"
+    if g.replace(" ", "") == p.replace(" ", ""):
+        return True, "ok"
+    gv, g_percent = numeric_value(g)
+    pv, p_percent = numeric_value(p)
+    if gv is not None and pv is not None:
+        if g_percent:  # gold "50%": 50%, 50 and 0.5 all say the same thing
+            same = pv == gv or (not p_percent and pv == gv / 100)
+        else:  # gold "50": a % on the prediction is a unit, never a /100 (the x100 decoy)
+            same = pv == gv
+        return same, "ok" if same else "wrong"
+    g_latex, p_latex = to_latex(g), to_latex(p)
+    for latex in (p_latex, g_latex):
+        why = symbolic_rejection(latex)
+        if why is not None:
+            return False, why
+    outcome = get_pool().compare(g_latex, p_latex, timeout_s)
+    return {
+        "equal": (True, "ok"),
+        "not_equal": (False, "wrong"),
+        "unparsed": (False, "unparsed"),
+        "timeout": (False, "timeout"),
+        "error": (False, "checker_error"),
+    }[outcome]
+
+
+def gold_answer(gold: Any) -> str:
+    """The answer inside a dataset's gold field (GSM8K's ``... #### 18``, MATH's ``\\boxed{}``)."""
+    g = str(gold)
+    if "####" in g:
+        return g.rsplit("####", 1)[1].strip()
+    boxed = _boxed_contents(g)
+    return boxed[-1] if boxed else g.strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# The reward
+# ---------------------------------------------------------------------------------------------
+
+
+class MathReward(CheckerReward):
+    """1.0 when the completion states exactly one final answer and it equals the gold, else 0.0."""
+
+    kind = "correctness"
+
+    def __init__(self, gold_column: str = "answer", timeout_s: float = 5.0, name: str = "math"):
+        super().__init__(name)
+        if timeout_s <= 0:
+            raise ValueError(f"math reward: timeout_s must be > 0 seconds, got {timeout_s}")
+        self.gold_column = gold_column
+        self.timeout_s = timeout_s
+
+    def check(self, text: str, row: dict[str, Any]) -> Verdict:
+        gold = row.get(self.gold_column)
+        if gold is None:
+            return Verdict(False, None, reason="no_gold")
+        return check_math(text, gold, truncated=bool(row.get("truncated", False)), timeout_s=self.timeout_s)
+
+
+def check_math(text: str, gold: Any, *, truncated: bool = False, timeout_s: float = 5.0) -> Verdict:
+    """The verdict for one completion against one gold answer (pure apart from the worker pool)."""
+    cands, why = extract_candidates(text)
+    keys = list(dict.fromkeys(answer_key(c.text) for c in cands))
+    first = cands[0] if cands else None
+    verdict = Verdict(
+        correct=False,
+        reward=0.0,
+        extracted=normalize_answer(first.text) if first else None,
+        path=first.path if first else "",
+        n_candidates=len(keys),
+    )
+    if truncated:
+        verdict.reason = "truncated"
+    elif not cands:
+        verdict.reason = why
+    elif len(keys) > 1:
+        verdict.reason = "multiple_answers"
+        verdict.extra["candidates"] = [normalize_answer(c.text) for c in cands][:10]
+    elif is_hedged(first.text):
+        verdict.reason = "hedged"
+    else:
+        same, reason = equivalent(gold_answer(gold), first.text, timeout_s)
+        verdict.correct, verdict.reward, verdict.reason = same, float(same), reason
+    return verdict
+
+
+def _math_factory(**options: Any) -> MathReward:
+    return MathReward(**options)
+
+
+REWARDS.add("math", _math_factory)

@@ -1,0 +1,145 @@
+"""Math checker: extraction, equivalence, timeouts, thread and process-pool use (issue 5)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+
+import pytest
+
+from rlvr.rewards import REWARDS, check_math, equivalent
+from rlvr.rewards.mathcheck import extract_candidates, symbolic_rejection
+from rlvr.rewards.numparse import parse_number, parse_number_words
+from rlvr.rewards.symbolic import SymbolicPool
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("eighteen", 18),
+        ("one hundred and five", 105),
+        ("twenty-one", 21),
+        ("two thousand three hundred and four", 2304),
+        ("minus seven", -7),
+        ("two or three", None),  # a hedge is not a number
+        ("a dozen", None),
+        ("five six", None),
+        ("one thousand one million", None),
+    ],
+)
+def test_number_words(text, value):
+    assert parse_number_words(text) == value
+
+
+@pytest.mark.parametrize(
+    "text, num, den",
+    [("1,234", 1234, 1), ("-3/4", -3, 4), ("\\frac{3}{4}", 3, 4), ("1.5e3", 1500, 1), ("2.5 \\times 10^{3}", 2500, 1), ("0.10", 1, 10), ("1.5 million", 1500000, 1)],
+)
+def test_parse_number_exact(text, num, den):
+    value = parse_number(text)
+    assert (value.numerator, value.denominator) == (num, den)
+
+
+@pytest.mark.parametrize("text", ["1,23", "1e999", "9" * 61, "12,34,567", "3 4"])
+def test_parse_number_rejects(text):
+    assert parse_number(text) is None
+
+
+def test_extraction_paths_and_spraying():
+    assert [c.path for c in extract_candidates("so \\boxed{4}")[0]] == ["boxed"]
+    assert extract_candidates("<think>a</think> 4")[0][0].path == "after_think"
+    assert extract_candidates("Reasoning... 12 apples and 4 pears")[1] == "no_answer"  # no last-number fallback
+    v = check_math("\\boxed{3} or maybe \\boxed{4}", "3")
+    assert (v.reward, v.reason, v.n_candidates) == (0.0, "multiple_answers", 2)
+    # the same answer stated twice in two forms is one candidate, not spraying
+    v = check_math("The answer is 18.\n\\boxed{18.0}", "18")
+    assert (v.reward, v.n_candidates) == (1.0, 1)
+
+
+def test_truncated_scores_zero_even_when_right():
+    assert check_math("\\boxed{18}", "18", truncated=True).reason == "truncated"
+    assert check_math("\\boxed{18}", "18", truncated=True).reward == 0.0
+
+
+@pytest.mark.parametrize(
+    "gold, pred, same",
+    [
+        ("50%", "0.5", True),
+        ("50%", "50", True),
+        ("0.5", "50%", False),  # ×100 decoy: a percent is /100 only when the gold is one
+        ("50", "50%", True),  # ... otherwise it is a unit
+        ("18", "18.0", True),
+        ("18", "1800", False),
+        ("18", "17", False),
+        ("\\frac{\\sqrt{3}}{2}", "\\sqrt{3}/2", True),
+        ("(x+1)^2", "x^2+2x+1", True),
+        ("(x+1)^2", "x^2+x+1", False),
+    ],
+)
+def test_equivalence(gold, pred, same):
+    assert equivalent(gold, pred)[0] is same
+
+
+def test_bounds_reject_before_symbolic_work():
+    assert symbolic_rejection("10^{10^{10}}") == "power_tower"
+    assert symbolic_rejection("2^{100000}") == "exponent_too_large"
+    assert symbolic_rejection("1000000!") == "factorial_too_large"
+    assert symbolic_rejection("x" * 400) == "too_long"
+    assert symbolic_rejection("\\frac{1}{2}+x^{2}") is None
+
+
+def test_never_executes_model_text(tmp_path):
+    marker = tmp_path / "pwned"
+    payload = f"__import__('os').system('touch {marker}')"
+    for text in (f"Answer: {payload}", f"\\boxed{{{payload}}}", f"Answer: $\\text{{{payload}}}$"):
+        assert check_math(text, "0").reward == 0.0
+    assert not marker.exists()
+
+
+def test_timeout_is_zero_and_counted():
+    pool = SymbolicPool(size=1)
+    try:
+        # A worker that never answers stands in for a hung sympy call: swap in a sleeping stub.
+        import subprocess, sys
+        from rlvr.rewards import symbolic
+
+        pool._spawn_real = pool._spawn
+        def stub():
+            proc = subprocess.Popen([sys.executable, "-c", "import sys,time;print('{\"ready\": true}',flush=True);time.sleep(60)"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+            w = symbolic._Worker(proc)
+            assert w.read_line(__import__("time").monotonic() + 30) is not None
+            return w
+        pool._spawn = stub
+        assert pool.compare("x", "x", timeout_s=0.3) == "timeout"
+        assert pool.timeouts == 1 and pool._live == 0  # killed and forgotten, slot freed
+    finally:
+        pool.close()
+
+
+def test_reward_function_contract_and_counts():
+    fn = REWARDS.get("math")(gold_column="answer", timeout_s=5)
+    completions = ["\\boxed{18}", [{"role": "assistant", "content": "Answer: 7"}], "\\boxed{3} \\boxed{4}", "\\boxed{18}"]
+    rewards = fn(["p"] * 4, completions, [[1]] * 4, answer=["18", "7", "3", "18"], truncated=[False, False, False, True])
+    assert rewards == [1.0, 1.0, 0.0, 0.0]
+    assert fn.__name__ == "math" and fn.kind == "correctness" and fn.gold_column == "answer"
+    assert fn.stats["multiple_answers"] == 1 and fn.stats["truncated"] == 1
+    with pytest.raises(KeyError, match="gold_column"):
+        fn(["p"], ["\\boxed{1}"], [[1]], solution=["1"])
+
+
+_SYMBOLIC_CASES = [("(x+1)^2", "x^2+2x+1", 1.0), ("\\frac{\\pi}{2}", "\\pi/2", 1.0), ("(x+1)^2", "x^2+1", 0.0), ("\\sqrt{8}", "2\\sqrt{2}", 1.0)]
+
+
+def _score(case):
+    gold, pred, _ = case
+    return check_math(f"Answer: ${pred}$", gold).reward
+
+
+def test_threads_and_process_pool():
+    cases = _SYMBOLIC_CASES * 3
+    with cf.ThreadPoolExecutor(max_workers=4) as ex:
+        assert list(ex.map(_score, cases)) == [c[2] for c in cases]
+    assert threading.active_count() >= 1
+    with cf.ProcessPoolExecutor(max_workers=2) as ex:
+        assert list(ex.map(_score, _SYMBOLIC_CASES)) == [c[2] for c in _SYMBOLIC_CASES]
