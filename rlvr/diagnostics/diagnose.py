@@ -1,0 +1,132 @@
+"""``rlvr diagnose RUN_DIR_OR_RECORD [--json]``: re-run every monitor over a rollout record.
+
+Recomputes the per-step summaries from the record with the same code the trainer used live
+(``summarize_step`` and ``run_monitors``), prints a group-outcome table and the warnings, and
+returns an exit code a pipeline can gate on: 0 = no monitor fired, 1 = at least one fired,
+2 = the record could not be read. Decoy re-checks are not re-run (they need the reward
+functions); the verdicts the trainer stored in the record (``"decoy"``) are used instead.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter, deque
+from pathlib import Path
+from typing import Any, Sequence
+
+from rlvr.diagnostics.monitors import MONITORS, MonitorConfig, run_monitors
+from rlvr.diagnostics.record import RECORD_NAME, read_record
+from rlvr.diagnostics.summary import OUTCOMES, group_outcome, source_key, split_groups, summarize_step
+
+# Rows in the printed table: longer runs are shown in this many equal buckets of steps.
+TABLE_ROWS = 12
+
+
+def resolve_record(path: str | Path) -> Path:
+    path = Path(path)
+    return path / RECORD_NAME if path.is_dir() else path
+
+
+def analyse_record(path: str | Path, cfg: MonitorConfig | None = None) -> dict[str, Any]:
+    """Everything ``diagnose`` prints, as a JSON-able dict (also the ``--json`` output)."""
+    cfg = cfg or MonitorConfig()
+    record_path = resolve_record(path)
+    header, steps = read_record(record_path)
+    if not steps:
+        raise ValueError(f"the rollout record {record_path} holds no completions yet; run at least one step first.")
+    names = header.get("reward_names") or sorted({k for recs in steps.values() for r in recs for k in r.get("rewards", {})})
+    weights = dict(zip(names, header.get("reward_weights") or [1.0] * len(names)))
+    kinds = header.get("reward_kinds") or {}
+    group_size = int(header.get("group_size") or max(len(g) for recs in steps.values() for g in split_groups(recs)))
+
+    window: deque[dict[str, Any]] = deque(maxlen=cfg.window + cfg.persist - 1)
+    summaries, warnings = [], []
+    last_warned: dict[str, int] = {}
+    fired_steps: dict[str, list[int]] = {name: [] for name in MONITORS}
+    source_outcomes: dict[str, Counter[str]] = {}
+    for step, records in steps.items():
+        summary = summarize_step(records, group_size, weights, kinds, cfg.spray_tail_numbers)
+        summary["step"] = step
+        summaries.append(summary)
+        window.append(summary)
+        for group in split_groups(records):
+            source = source_key(group[0].get("data_source") or "all")
+            source_outcomes.setdefault(source, Counter())[group_outcome(group)] += 1
+        for result in run_monitors(list(window), cfg):
+            if not result.fired:
+                continue
+            fired_steps[result.name].append(step)
+            last = last_warned.get(result.name)
+            if last is None or step - last >= cfg.window:
+                last_warned[result.name] = step
+                warnings.append({"step": step, "monitor": result.name, "value": result.value, "message": result.message})
+
+    return {
+        "record": str(record_path),
+        "steps": len(steps),
+        "first_step": min(steps),
+        "last_step": max(steps),
+        "completions": sum(len(r) for r in steps.values()),
+        "table": outcome_table(summaries),
+        "sources": {s: {o: c[o] / sum(c.values()) for o in OUTCOMES} | {"groups": sum(c.values())}
+                    for s, c in sorted(source_outcomes.items())},
+        "monitors": {name: {"fired_steps": len(s), "first_fired": s[0] if s else None} for name, s in fired_steps.items()},
+        "warnings": warnings,
+        "fired": any(fired_steps.values()),
+    }
+
+
+def outcome_table(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Group outcomes per step, or per bucket of steps when there are more than ``TABLE_ROWS``."""
+    n = len(summaries)
+    size = max(1, -(-n // TABLE_ROWS))
+    rows = []
+    for start in range(0, n, size):
+        chunk = summaries[start : start + size]
+        row: dict[str, Any] = {"steps": f"{chunk[0]['step']}" if len(chunk) == 1 else f"{chunk[0]['step']}-{chunk[-1]['step']}"}
+        for key in ("groups/all_fail", "groups/mixed", "groups/all_pass", "groups/pass_rate", "truncation/rate", "lengths/mean"):
+            values = [s[key] for s in chunk if s.get(key) is not None]
+            row[key.split("/")[-1]] = sum(values) / len(values) if values else None
+        rows.append(row)
+    return rows
+
+
+def render_text(result: dict[str, Any]) -> str:
+    lines = [
+        f"rollout record {result['record']}: {result['completions']} completions, {result['steps']} steps "
+        f"({result['first_step']}..{result['last_step']})",
+        "",
+        f"{'steps':>11} {'all_fail':>9} {'mixed':>7} {'all_pass':>9} {'pass':>6} {'trunc':>6} {'length':>7}",
+    ]
+    fmt = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
+    for row in result["table"]:
+        lines.append(
+            f"{row['steps']:>11} {fmt(row['all_fail'], '9.1%')} {fmt(row['mixed'], '7.1%')} {fmt(row['all_pass'], '9.1%')} "
+            f"{fmt(row['pass_rate'], '6.1%')} {fmt(row['rate'], '6.1%')} {fmt(row['mean'], '7.1f')}"
+        )
+    if len(result["sources"]) > 1:
+        lines += ["", "by data source (all steps):"]
+        for source, row in result["sources"].items():
+            lines.append(f"  {source:<20} groups={row['groups']:<6} all_fail={row['all_fail']:.1%} "
+                         f"mixed={row['mixed']:.1%} all_pass={row['all_pass']:.1%}")
+    lines.append("")
+    if result["warnings"]:
+        for w in result["warnings"]:
+            lines.append(f"WARNING step {w['step']}: {w['message']}")
+        fired = {n: m for n, m in result["monitors"].items() if m["fired_steps"]}
+        lines.append("fired: " + ", ".join(f"{n} ({m['fired_steps']} steps, first at {m['first_fired']})" for n, m in fired.items()))
+    else:
+        lines.append("no reward-hacking monitor fired (" + ", ".join(MONITORS) + ").")
+    return "\n".join(lines)
+
+
+def diagnose(path: str | Path, as_json: bool = False) -> int:
+    """Print the group-outcome table and monitor warnings for a run; 0 quiet, 1 a monitor fired, 2 unreadable."""
+    try:
+        result = analyse_record(path)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        print(f"rlvr diagnose: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2) if as_json else render_text(result))
+    return 1 if result["fired"] else 0

@@ -1,0 +1,169 @@
+"""Synthetic policies for the monitor tests: step records shaped exactly like the trainer's.
+
+A ``Policy`` says, as a function of the step, how likely a completion is correct, formatted,
+truncated or sprayed, and how long correct and incorrect completions are. ``make_step`` draws
+one step of B prompts × G completions from it with a seeded ``random.Random``, scores them with a
+strict or lenient checker, and computes TRL-style group advantages. Everything is deterministic
+per seed, so detection delays are reproducible numbers, not flaky ones.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+Schedule = Callable[[int], float]
+
+
+def const(v: float) -> Schedule:
+    return lambda step: v
+
+
+def ramp(start: float, end: float, begin: int, until: int) -> Schedule:
+    """``start`` before step ``begin``, linear to ``end`` at ``until``, ``end`` after."""
+
+    def f(step: int) -> float:
+        if step <= begin:
+            return start
+        if step >= until:
+            return end
+        return start + (end - start) * (step - begin) / (until - begin)
+
+    return f
+
+
+@dataclass
+class Policy:
+    p_correct: Schedule = field(default_factory=lambda: ramp(0.25, 0.6, 0, 60))
+    p_format_if_correct: Schedule = field(default_factory=lambda: ramp(0.5, 0.95, 0, 30))
+    p_format_if_incorrect: Schedule = field(default_factory=lambda: ramp(0.3, 0.6, 0, 30))
+    p_spray: Schedule = field(default_factory=lambda: const(0.0))  # of incorrect answers, turned into sprays
+    p_truncate_incorrect: Schedule = field(default_factory=lambda: const(0.04))
+    len_correct: Schedule = field(default_factory=lambda: ramp(120, 140, 0, 60))
+    len_incorrect: Schedule = field(default_factory=lambda: ramp(150, 170, 0, 60))
+    p_tamper: Schedule = field(default_factory=lambda: const(0.0))  # of passing programs (code tasks)
+    code: bool = False
+    max_len: int = 512
+    format_weight: float = 0.2
+    lenient_checker: bool = False  # "any number in the tail equals the gold": sprays pass
+    truncated_rewarded: bool = False  # a checker that forgets the truncated column
+
+
+def lenient_numbers_checker(prompts, completions, completion_ids, answer, **columns):
+    """A deliberately gameable checker: reward 1 if the gold appears among the tail's numbers."""
+    out = []
+    for text, gold in zip(completions, answer):
+        tail = text[-80:]
+        out.append(1.0 if str(gold) in re.findall(r"-?\d+", tail) else 0.0)
+    return out
+
+
+lenient_numbers_checker.gold_column = "answer"
+
+
+def strict_checker(prompts, completions, completion_ids, answer, **columns):
+    """Exactly one number after 'The answer is', equal to the gold."""
+    out = []
+    for text, gold in zip(completions, answer):
+        m = re.search(r"The answer is (.*)$", text)
+        nums = re.findall(r"-?\d+", m.group(1)) if m else []
+        out.append(1.0 if len(set(nums)) == 1 and nums[0] == str(gold) else 0.0)
+    return out
+
+
+strict_checker.gold_column = "answer"
+
+
+def _advantages(rewards: list[float]) -> list[float]:
+    mean = statistics.fmean(rewards)
+    std = statistics.stdev(rewards) if len(rewards) > 1 else 0.0
+    return [(r - mean) / (std + 1e-4) for r in rewards]
+
+
+def make_step(policy: Policy, step: int, rng: random.Random, B: int = 8, G: int = 8, n_prompts: int = 32) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    for b in range(B):
+        prompt_index = (step * B + b) % n_prompts
+        gold = 10 + 7 * prompt_index
+        # Prompts differ in difficulty around the policy's mean, so groups are all-fail, mixed and all-pass.
+        difficulty = (prompt_index % 5 - 2) * 0.12
+        p = min(1.0, max(0.0, policy.p_correct(step) - difficulty))
+        group = []
+        for g in range(G):
+            correct = rng.random() < p
+            sprayed = not correct and rng.random() < policy.p_spray(step)
+            truncated = not correct and not sprayed and rng.random() < policy.p_truncate_incorrect(step)
+            formatted = rng.random() < (policy.p_format_if_correct(step) if correct else policy.p_format_if_incorrect(step))
+            mean_len = policy.len_correct(step) if correct else policy.len_incorrect(step)
+            n_tokens = policy.max_len if truncated else max(5, min(policy.max_len - 1, int(rng.gauss(mean_len, mean_len * 0.15))))
+            wrong = gold + rng.choice([-3, -2, 2, 5, 11])
+            if policy.code:
+                body = "def solve():\n    return %d\n" % (gold if correct else wrong)
+                if correct and rng.random() < policy.p_tamper(step):
+                    body = "import sys\ndef solve():\n    sys.exit(0)\n"
+                text = f"```python\n{body}```\nThe answer is {gold if correct else wrong}"
+            elif sprayed:
+                text = f"Let me think. The answer is {gold - 1} or {gold} or {gold + 1} or {gold + 2}"
+            elif truncated:
+                text = "Let me think step by step. " * 20 + f"{gold - 4} + 4 = {gold}"
+            else:
+                text = f"We add 3 and 4 to get 7. The answer is {gold if correct else wrong}"
+            if formatted:
+                text = "<think>...</think>" + text
+            group.append((text, n_tokens, truncated, formatted, correct or sprayed))
+        checker = lenient_numbers_checker if policy.lenient_checker else strict_checker
+        texts = [t for t, *_ in group]
+        scores = checker([""] * G, texts, [[]] * G, answer=[str(gold)] * G)
+        for g, ((text, n_tokens, truncated, formatted, _), score) in enumerate(zip(group, scores)):
+            if truncated and not policy.truncated_rewarded:
+                score = 0.0
+            elif truncated and policy.truncated_rewarded:
+                score = 1.0
+            rewards = {"correct": score, "format": 1.0 if formatted else 0.0}
+            records.append({
+                "step": step, "prompt_id": f"p{prompt_index}", "group": b, "index": g, "prompt": f"Q{prompt_index}",
+                "completion": text, "n_tokens": n_tokens, "finish_reason": "length" if truncated else "stop",
+                "truncated": truncated, "rewards": rewards,
+                "reward": rewards["correct"] + policy.format_weight * rewards["format"],
+                "advantage": 0.0, "correct": bool(score > 0), "verdict": None,
+                "data_source": "code" if policy.code else ("easy" if prompt_index % 2 else "hard"),
+                "columns": {"answer": str(gold)},
+            })
+        adv = _advantages([r["reward"] for r in records[-G:]])
+        for record, a in zip(records[-G:], adv):
+            record["advantage"] = a
+    return records
+
+
+REWARD_NAMES = ["correct", "format"]
+REWARD_KINDS = {"correct": "correctness", "format": "format"}
+
+
+def run_policy(policy: Policy, steps: int, seed: int = 0, run_dir=None, reward_funcs=None, **kwargs):
+    """Feed ``steps`` synthetic steps through a ``Diagnostics``; returns (diag, [(step, metrics, warnings)])."""
+    from rlvr.diagnostics import Diagnostics
+
+    rng = random.Random(seed)
+    messages: list[str] = []
+    diag = Diagnostics(run_dir, group_size=8, reward_names=REWARD_NAMES, reward_weights=[1.0, policy.format_weight],
+                       reward_kinds=REWARD_KINDS, reward_funcs=reward_funcs, console=messages.append, **kwargs)
+    out = []
+    for step in range(steps):
+        records = make_step(policy, step, rng)
+        metrics, warnings = diag.observe(step, records)
+        out.append((step, metrics, warnings))
+    return diag, out
+
+
+def first_warning(trace, monitor: str) -> int | None:
+    for step, metrics, _ in trace:
+        if metrics.get(f"hacking/{monitor}/fired"):
+            return step
+    return None
+
+
+def all_warnings(trace) -> list[tuple[int, str]]:
+    return [(step, w) for step, _, warnings in trace for w in warnings]
