@@ -102,7 +102,8 @@ def entropy_from_logits(
     pieces = []
     for rows in _row_chunks(flat_RV.shape[0], V, chunk_elements):
         logp = torch.log_softmax(flat_RV[rows].to(compute) / temperature, dim=-1)
-        pieces.append(-(logp.exp() * logp).sum(-1))
+        # A -inf logit (a banned token) has p = 0 and contributes 0, not 0 · -inf = NaN.
+        pieces.append(-(logp.exp() * torch.nan_to_num(logp, neginf=0.0)).sum(-1))
     if not pieces:
         return torch.zeros(logits_NTV.shape[:-1], dtype=compute, device=logits_NTV.device)
     return torch.cat(pieces).view(logits_NTV.shape[:-1])
