@@ -15,8 +15,8 @@ from conftest import tiny_model
 
 BACKENDS = [
     pytest.param(("hf", {}), id="hf"),
-    # pytest.param(("native", {}), id="native"),
-    # pytest.param(("native", {"fast_path": False}), id="native-generic"),
+    pytest.param(("native", {}), id="native"),
+    pytest.param(("native", {"fast_path": False}), id="native-generic"),
     # pytest.param(("openai", {}), id="openai-local-server"),
 ]
 
