@@ -5,12 +5,13 @@ Importing this package registers every built-in reward factory in ``REWARDS``:
 """
 
 from rlvr.rewards.base import REWARDS, CheckerReward, Verdict, completion_text
-from rlvr.rewards import formatcheck, length, mathcheck  # noqa: F401  (registration)
+from rlvr.rewards import codecheck, formatcheck, length, mathcheck  # noqa: F401  (registration)
+from rlvr.rewards.codecheck import CodeReward, check_code
 from rlvr.rewards.formatcheck import FormatReward, check_tags
 from rlvr.rewards.length import OverlongPenalty
 from rlvr.rewards.mathcheck import MathReward, check_math, equivalent
 
 __all__ = [
     "REWARDS", "Verdict", "CheckerReward", "completion_text",
-    "MathReward", "check_math", "equivalent", "FormatReward", "check_tags", "OverlongPenalty",
+    "CodeReward", "check_code", "MathReward", "check_math", "equivalent", "FormatReward", "check_tags", "OverlongPenalty",
 ]

@@ -45,6 +45,7 @@ REWARDS: Registry = Registry("reward function")
 # Helpers shared by the built-in checkers (added by issue 5). Nothing above this line changed.
 # ---------------------------------------------------------------------------------------------
 
+import threading  # noqa: E402
 import time  # noqa: E402
 from collections import Counter  # noqa: E402
 from typing import Callable, Sequence  # noqa: E402
@@ -99,6 +100,7 @@ class CheckerReward:
     def __init__(self, name: str):
         self.__name__ = name
         self.stats: Counter[str] = Counter()
+        self._stats_lock = threading.Lock()  # checkers may run rows on a thread pool
 
     def check(self, text: str, row: dict[str, Any]) -> Verdict:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -107,7 +109,8 @@ class CheckerReward:
         start = time.perf_counter()
         verdict = self.check(completion_text(completion), row)
         verdict.seconds = time.perf_counter() - start
-        self.stats[verdict.reason] += 1
+        with self._stats_lock:
+            self.stats[verdict.reason] += 1
         return verdict
 
     def verdicts(self, prompts: Sequence[Any] | None, completions: Sequence[Any], completion_ids: Sequence[Sequence[int]] | None = None, **columns: Any) -> list[Verdict]:

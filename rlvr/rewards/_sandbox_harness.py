@@ -1,0 +1,214 @@
+"""Code sandbox harness: the trusted program that sets up isolation, then runs model code.
+
+Started by ``rlvr.rewards.sandbox`` as ``python -I <this file> <result_fd>`` with a cleared
+environment, in its own session and process group. It imports nothing from rlvr. It reads one
+JSON spec from stdin (the parent closes stdin after it), so nothing the model could look for is
+on disk; expected values are never in the spec at all — the parent keeps them.
+
+Isolation, chosen by the parent (``spec["isolation"]``):
+  * ``namespaces`` (the parent is root): new network, mount, IPC, UTS and PID namespaces; fresh
+    tmpfs on /tmp, /var/tmp, /dev/shm and /proc; directories the interpreter needs but that are
+    private to root (e.g. /root/.pyenv under a 0700 /root) are re-exposed read-only-by-permission
+    under an otherwise empty tmpfs; then the model's code runs as PID 1 of the new PID namespace
+    under an unprivileged uid of its own, so RLIMIT_NPROC binds (root ignores it) and, when PID 1
+    exits or is killed, the kernel kills and reaps everything it started, setsid or not.
+  * ``bwrap``: the parent wrapped this process in bubblewrap; only rlimits are set here.
+  * ``rlimits`` (fallback): rlimits, and a network namespace when unprivileged user namespaces
+    are available.
+
+Result channel: lines ``<token>\\t<KIND>\\t<index>\\t<payload>`` on the file descriptor given
+in argv[1]. KIND is VALUE (repr of a plain-data value), ERROR (exception name), EXIT (exit code
+of a stdio program) or DONE (written only after every step ran).
+"""
+
+import ctypes
+import json
+import os
+import resource
+import sys
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+MNT_DETACH = 2
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_write, _repr, _type, _eval, _exec = os.write, repr, type, eval, exec  # captured before model code runs
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(source, target, fstype, flags, data=None) -> None:
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+
+
+def _blocked_ancestor(path: str):
+    """(ancestor that a non-root uid cannot traverse, child of it on the way to path) or None."""
+    parts = os.path.realpath(path).split("/")[1:]
+    current = ""
+    for i, part in enumerate(parts[:-1]):
+        current += "/" + part
+        if not os.stat(current).st_mode & 0o001:
+            return current, current + "/" + parts[i + 1]
+    return None
+
+
+def _expose_interpreter() -> None:
+    """Make the running interpreter's own files reachable for the unprivileged uid.
+
+    Under a 0700 ancestor (pyenv's /root/.pyenv), mount an empty 0755 tmpfs over the ancestor and
+    bind back only the subtrees the interpreter uses: the sandbox sees /root/.pyenv and nothing
+    else of /root.
+    """
+    needed = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)}
+    needed |= {p for p in sys.path if p and os.path.exists(p)}
+    plan: dict[str, set[str]] = {}
+    for path in needed:
+        hit = _blocked_ancestor(path)
+        if hit:
+            plan.setdefault(hit[0], set()).add(hit[1])
+    for n, (ancestor, children) in enumerate(sorted(plan.items())):
+        staged = []
+        for k, child in enumerate(sorted(children)):
+            stage = f"/tmp/.stage{n}_{k}"
+            os.mkdir(stage, 0o700) if os.path.isdir(child) else open(stage, "w").close()
+            _mount(child, stage, None, MS_BIND | MS_REC)
+            staged.append((stage, child))
+        _mount("tmpfs", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
+        for stage, child in staged:
+            os.mkdir(child, 0o755) if os.path.isdir(stage) else open(child, "w").close()
+            _mount(stage, child, None, MS_BIND | MS_REC)
+            _check(_libc.umount2(stage.encode(), MNT_DETACH), f"umount {stage}")
+            os.rmdir(stage) if os.path.isdir(stage) else os.unlink(stage)
+
+
+def _enter_namespaces(spec: dict) -> None:
+    """Runs as root in the harness; returns in the forked PID-1 child, as the sandbox uid."""
+    _check(_libc.unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID), "unshare")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    pid = os.fork()
+    if pid:  # outer harness: wait for PID 1 of the sandbox, then leave with its status
+        _, status = os.waitpid(pid, 0)
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    uid = int(spec["uid"])
+    tmp_mb = int(spec["limits"]["tmpfs_mb"])
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
+    _expose_interpreter()
+    for path in ("/var/tmp", "/dev/shm"):
+        if os.path.isdir(path):
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=1m,mode=1777")
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    os.mkdir("/tmp/work", 0o700)
+    os.chown("/tmp/work", uid, uid)
+    os.chdir("/tmp/work")
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)  # drops every capability: the rest runs as an ordinary user
+    _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")  # no setuid binaries
+
+
+def _set_limits(limits: dict) -> None:
+    mb = 1024 * 1024
+    cpu = int(limits["cpu_s"])
+    for res, value in (
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_AS, (limits["memory_mb"] * mb,) * 2),
+        (resource.RLIMIT_NPROC, (limits["nproc"],) * 2),
+        (resource.RLIMIT_FSIZE, (limits["fsize_mb"] * mb,) * 2),
+        (resource.RLIMIT_NOFILE, (limits["nofile"],) * 2),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ):
+        resource.setrlimit(res, value)
+
+
+def _plain(value, depth=0) -> bool:
+    """Only builtin data crosses to the parent: no object can bring its own __eq__ or __repr__."""
+    t = _type(value)
+    if depth > 50:
+        return False
+    if t in (int, float, complex, str, bytes, bool) or value is None:
+        return True
+    if t in (list, tuple, set, frozenset):
+        return all(_plain(v, depth + 1) for v in value)
+    if t is dict:
+        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def main() -> None:
+    fd = int(sys.argv[1])
+    spec = json.loads(sys.stdin.buffer.read())
+    token = spec["token"]
+
+    def emit(kind: str, index: int, payload: str = "") -> None:
+        payload = payload.replace("\n", "\\n")[: 1 << 20]
+        _write(fd, f"{token}\t{kind}\t{index}\t{payload}\n".encode())
+
+    if spec["isolation"] == "namespaces":
+        _enter_namespaces(spec)
+    elif spec["isolation"] == "rlimits" and _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+        emit("NOTE", -1, "no network namespace: unprivileged user namespaces unavailable")
+    _set_limits(spec["limits"])
+    _libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+
+    stdin_text = spec.get("stdin")
+    if stdin_text is not None:
+        with open(".stdin", "w") as f:
+            f.write(stdin_text)
+        new = os.open(".stdin", os.O_RDONLY)
+        os.dup2(new, 0)
+        os.close(new)
+        os.unlink(".stdin")
+        sys.stdin = open(0, closefd=False)
+    else:
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+
+    import builtins
+
+    mode = spec["mode"]
+    namespace = {"__name__": "__main__" if mode == "stdio" else "solution", "__builtins__": builtins}
+    try:
+        code = compile(spec["source"], "solution.py", "exec")
+        exec(code, namespace)
+    except SystemExit as exc:
+        if mode == "stdio" and exc.code in (None, 0):
+            pass  # a program that ends with sys.exit(0) after printing its answer is fine
+        else:
+            sys.stdout.flush()
+            emit("EXIT", -1, _repr(exc.code))
+            os._exit(0)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the run
+        sys.stdout.flush()
+        emit("ERROR", -1, _type(exc).__name__)
+        os._exit(0)
+    for index, step in enumerate(spec["steps"]):
+        try:
+            if step["kind"] == "exec":
+                _exec(step["code"], namespace)
+                emit("OK", index)
+            else:
+                value = _eval(step["code"], namespace)
+                emit("VALUE", index, _repr(value) if _plain(value) else "<not plain data>")
+        except SystemExit:
+            sys.stdout.flush()
+            emit("EXIT", index)
+            os._exit(0)
+        except BaseException as exc:  # noqa: BLE001
+            emit("ERROR", index, _type(exc).__name__)
+    try:
+        sys.stdout.flush()
+    except Exception:  # noqa: BLE001 - a closed stdout is the program's problem, reported by the parent
+        pass
+    emit("DONE", len(spec["steps"]))
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Code checker and sandbox: every known harness attack contained, no process left (issue 5)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import rlvr.rewards.fixtures as fixtures_pkg
+from rlvr.rewards import REWARDS, check_code
+from rlvr.rewards.codecheck import compile_assert_tests, extract_code
+from rlvr.rewards.sandbox import Limits, literal_value, resolve_isolation, run_sandboxed
+
+FIXTURES = Path(fixtures_pkg.__file__).parent / "code.jsonl"
+CASES = [json.loads(line) for line in FIXTURES.read_text().splitlines() if line.strip()]
+# Short limits keep the suite fast; every attack is bounded by one of these, not by luck.
+FAST = Limits(timeout_s=2.0, memory_mb=256, output_bytes=1 << 18)
+
+
+def _live_children_of_sandboxes() -> set[int]:
+    """Non-zombie processes whose uid is a sandbox uid (>= 100000) or that carry a sandbox marker."""
+    live = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{entry.name}/status").read_text()
+            environ = Path(f"/proc/{entry.name}/environ").read_bytes()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields["State"].strip().startswith("Z"):
+            continue
+        if int(fields["Uid"].split()[0]) >= 100_000 or b"RLVR_SANDBOX=" in environ:
+            live.add(int(entry.name))
+    return live
+
+
+@pytest.fixture(scope="module")
+def suite_results():
+    before = _live_children_of_sandboxes()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        verdicts = list(pool.map(lambda c: check_code(c["completion"], c["tests"], limits=FAST), CASES))
+    return verdicts, before, _live_children_of_sandboxes()
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[c["name"] for c in CASES])
+def test_fixture_case(suite_results, index):
+    verdict, case = suite_results[0][index], CASES[index]
+    assert verdict.correct is case["expected"], f"{case['name']}: {case['why']} -> {verdict.reason} {verdict.extra}"
+    assert verdict.reward == float(case["expected"])
+
+
+def test_no_process_left_behind(suite_results):
+    _, before, after = suite_results
+    assert after - before == set()
+
+
+def test_suite_covers_the_issue_attacks():
+    names = {c["name"] for c in CASES}
+    for attack in ["sys_exit_at_import", "os_exit_at_import", "always_equal_object", "print_pass_marker", "read_harness_and_forge",
+                   "read_tests_from_disk", "fork_bomb", "memory_bomb", "disk_bomb", "stdout_bomb", "sleep_past_limit",
+                   "network_needed", "setsid_detach"]:
+        assert attack in names
+
+
+def test_detached_sleeper_of_a_correct_program_is_killed():
+    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(60)\n    os._exit(0)\ndef add(a, b):\n    return a + b\n"
+    before = _live_children_of_sandboxes()
+    v = check_code(code, ["assert add(1, 2) == 3"], limits=FAST)
+    assert v.correct  # the answer is right; the sleeper is the sandbox's problem, and it is gone
+    assert _live_children_of_sandboxes() - before == set()
+
+
+@pytest.mark.skipif(resolve_isolation() != "namespaces", reason="network namespace isolation needs root here")
+def test_cannot_reach_a_listening_socket_on_host_loopback():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    try:
+        code = f"import socket\ndef probe():\n    socket.create_connection(('127.0.0.1', {port}), timeout=1).close()\n    return 'reached'\n"
+        run = run_sandboxed(code, [{"kind": "eval", "code": "probe()"}], limits=FAST)
+        assert ("ERROR", 0, "ConnectionRefusedError") in run.records or any(k == "ERROR" and i == 0 for k, i, _ in run.records)
+        assert ("VALUE", 0, "'reached'") not in run.records
+        # ... and the same probe from here reaches it, so the test can fail.
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    finally:
+        server.close()
+
+
+def test_rlimits_fallback_kills_a_detached_child_by_its_marker():
+    # Without namespaces nothing kills a setsid'd grandchild for us: the environment marker does.
+    code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(60)\n    os._exit(0)\ntime.sleep(0.2)\ndef add(a, b):\n    return a + b\n"
+    before = _live_children_of_sandboxes()
+    v = check_code(code, ["assert add(1, 2) == 3"], limits=FAST, isolation="rlimits")
+    assert v.correct and v.extra["killed_after_exit"] >= 1
+    assert _live_children_of_sandboxes() - before == set()
+
+
+def test_rlimits_fallback_runs_and_says_so():
+    v = check_code("def add(a, b):\n    return a + b\n", ["assert add(1, 2) == 3"], limits=FAST, isolation="rlimits")
+    assert v.correct and v.extra["isolation"] == "rlimits"
+
+
+def test_expected_values_never_enter_the_sandbox():
+    compiled = compile_assert_tests(["assert f(2) == 12345", "assert 777 == g()", "assert h(1) != 'secret'"])
+    sent = json.dumps(compiled.steps)
+    assert "12345" not in sent and "777" not in sent and "secret" not in sent
+    assert [c.kind for t in compiled.tests for c in t] == ["compare"] * 3
+
+
+def test_literal_reader_handles_repr_forms_and_refuses_code():
+    assert literal_value("[inf, -1, (1, 2), {'a': {1}}, set()]") == [float("inf"), -1, (1, 2), {"a": {1}}, set()]
+    with pytest.raises(ValueError):
+        literal_value("__import__('os').getcwd()")
+
+
+def test_extract_code_takes_last_python_block():
+    text = "Example:\n```python\nprint(1)\n```\nFinal:\n```python\ndef f():\n    return 2\n```"
+    code, path, n = extract_code(text)
+    assert (path, n) == ("fenced", 2) and "return 2" in code
+
+
+def test_reward_function_contract_parallel():
+    fn = REWARDS.get("code")(tests_column="tests", timeout_s=2.0)
+    tests = [["assert add(1, 2) == 3"]] * 3
+    completions = ["def add(a, b):\n    return a + b\n", [{"role": "assistant", "content": "def add(a, b):\n    return a - b\n"}], "def add(a, b):\n    return a + b\n"]
+    assert fn(None, completions, None, tests=tests, truncated=[False, False, True]) == [1.0, 0.0, 0.0]
+    assert fn.kind == "correctness" and fn.gold_column == "tests" and fn.stats["truncated"] == 1
