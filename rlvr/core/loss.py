@@ -36,7 +36,7 @@ class LossPreset:
 
 LOSS_TYPES: Registry[LossPreset] = Registry("loss type")
 LOSS_TYPES.add("grpo", LossPreset("clip", "sequence_mean", "token", "grpo", "arXiv:2402.03300"))
-LOSS_TYPES.add("bnpo", LossPreset("clip", "token_mean", "token", "bnpo", "arXiv:2506.02864"))
+LOSS_TYPES.add("bnpo", LossPreset("clip", "token_mean", "token", "bnpo", "TRL (batch-normalised token mean)"))
 LOSS_TYPES.add("dr_grpo", LossPreset("clip", "constant_norm", "token", "dr_grpo", "arXiv:2503.20783"))
 LOSS_TYPES.add("dapo", LossPreset("clip", "global_token_mean", "token", "dapo", "arXiv:2503.14476"))
 LOSS_TYPES.add("gspo", LossPreset("clip", "sequence_mean", "sequence", "grpo", "arXiv:2507.18071"))
