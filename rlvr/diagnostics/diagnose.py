@@ -28,6 +28,24 @@ def resolve_record(path: str | Path) -> Path:
     return path / RECORD_NAME if path.is_dir() else path
 
 
+def step_summaries(path: str | Path, cfg: MonitorConfig | None = None) -> dict[int, dict[str, Any]]:
+    """``{step: summarize_step(...)}`` for every step in a record, with the reward setup of its header."""
+    return summarize_record(*read_record(resolve_record(path)), cfg or MonitorConfig())
+
+
+def summarize_record(
+    header: dict[str, Any], steps: dict[int, list[dict[str, Any]]], cfg: MonitorConfig
+) -> dict[int, dict[str, Any]]:
+    names = header.get("reward_names") or sorted({k for recs in steps.values() for r in recs for k in r.get("rewards", {})})
+    weights = dict(zip(names, header.get("reward_weights") or [1.0] * len(names)))
+    kinds = header.get("reward_kinds") or {}
+    group_size = int(header.get("group_size") or max((len(g) for recs in steps.values() for g in split_groups(recs)), default=1))
+    out = {}
+    for step, records in steps.items():
+        out[step] = summarize_step(records, group_size, weights, kinds, cfg.spray_tail_numbers) | {"step": step}
+    return out
+
+
 def analyse_record(path: str | Path, cfg: MonitorConfig | None = None) -> dict[str, Any]:
     """Everything ``diagnose`` prints, as a JSON-able dict (also the ``--json`` output)."""
     cfg = cfg or MonitorConfig()
@@ -35,21 +53,15 @@ def analyse_record(path: str | Path, cfg: MonitorConfig | None = None) -> dict[s
     header, steps = read_record(record_path)
     if not steps:
         raise ValueError(f"the rollout record {record_path} holds no completions yet; run at least one step first.")
-    names = header.get("reward_names") or sorted({k for recs in steps.values() for r in recs for k in r.get("rewards", {})})
-    weights = dict(zip(names, header.get("reward_weights") or [1.0] * len(names)))
-    kinds = header.get("reward_kinds") or {}
-    group_size = int(header.get("group_size") or max(len(g) for recs in steps.values() for g in split_groups(recs)))
+    summaries = summarize_record(header, steps, cfg)
 
     window: deque[dict[str, Any]] = deque(maxlen=cfg.window + cfg.persist - 1)
-    summaries, warnings = [], []
+    warnings = []
     last_warned: dict[str, int] = {}
     fired_steps: dict[str, list[int]] = {name: [] for name in MONITORS}
     source_outcomes: dict[str, Counter[str]] = {}
     for step, records in steps.items():
-        summary = summarize_step(records, group_size, weights, kinds, cfg.spray_tail_numbers)
-        summary["step"] = step
-        summaries.append(summary)
-        window.append(summary)
+        window.append(summaries[step])
         for group in split_groups(records):
             source = source_key(group[0].get("data_source") or "all")
             source_outcomes.setdefault(source, Counter())[group_outcome(group)] += 1
@@ -68,7 +80,7 @@ def analyse_record(path: str | Path, cfg: MonitorConfig | None = None) -> dict[s
         "first_step": min(steps),
         "last_step": max(steps),
         "completions": sum(len(r) for r in steps.values()),
-        "table": outcome_table(summaries),
+        "table": outcome_table(list(summaries.values())),
         "sources": {s: {o: c[o] / sum(c.values()) for o in OUTCOMES} | {"groups": sum(c.values())}
                     for s, c in sorted(source_outcomes.items())},
         "monitors": {name: {"fired_steps": len(s), "first_fired": s[0] if s else None} for name, s in fired_steps.items()},

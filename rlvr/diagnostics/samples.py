@@ -23,7 +23,7 @@ def sample_flags(record: Mapping[str, Any], spray_tail_numbers: int = 4) -> list
         flags.append("multi_answer")
     if record.get("decoy"):
         flags.append("decoy")
-    if is_truncated(record) and (record.get("reward") or 0) > 0:
+    if is_truncated(record) and is_rewarded(record):
         flags.append("truncated_rewarded")
     if looks_like_code(text):
         flags.extend(tamper_signals(text))

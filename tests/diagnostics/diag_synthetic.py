@@ -167,3 +167,60 @@ def first_warning(trace, monitor: str) -> int | None:
 
 def all_warnings(trace) -> list[tuple[int, str]]:
     return [(step, w) for step, _, warnings in trace for w in warnings]
+
+
+def write_fake_run(run_dir, policy: Policy | None = None, steps: int = 40, seed: int = 0, eval_every: int = 10):
+    """A run folder as the trainer leaves it: metrics.jsonl (trainer keys + diagnostics keys),
+    samples.jsonl, warnings.jsonl, the rollout record, prompt history and header.json."""
+    import json
+    import math
+    from pathlib import Path
+
+    from rlvr.diagnostics import Diagnostics
+
+    run_dir = Path(run_dir)
+    policy = policy or Policy()
+    rng = random.Random(seed)
+    diag = Diagnostics(run_dir, group_size=8, reward_names=REWARD_NAMES, reward_weights=[1.0, policy.format_weight],
+                       reward_kinds=REWARD_KINDS, console=lambda m: None,
+                       reward_funcs={"correct": lenient_numbers_checker if policy.lenient_checker else strict_checker})
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        for step in range(steps):
+            records = make_step(policy, step, rng)
+            metrics, _ = diag.observe(step, records)
+            if step % 5 == 0:
+                diag.samples(step, records, echo=False)
+            row = {"step": step, "reward": statistics.fmean(r["reward"] for r in records),
+                   "reward_std": statistics.pstdev(r["reward"] for r in records)}
+            for name in REWARD_NAMES:
+                row[f"rewards/{name}/mean"] = statistics.fmean(r["rewards"][name] for r in records)
+            row |= {"entropy": 1.2 * math.exp(-step / 60), "kl": 0.001 * step, "loss": 0.0, "grad_norm": 0.5,
+                    "clip_ratio/low_mean": 0.01, "clip_ratio/high_mean": 0.02, "clip_ratio/region_mean": 0.03,
+                    "completions/mean_length": statistics.fmean(r["n_tokens"] for r in records)}
+            row |= {f"timing/{p}": t for p, t in zip(("rollout", "reward", "advantage", "logprobs", "update", "sync", "log"),
+                                                     (2.0, 0.2, 0.01, 0.4, 0.8, 0.05, 0.02))}
+            if step % eval_every == eval_every - 1:
+                row["eval/accuracy"] = policy.p_correct(step)
+            f.write(json.dumps(row | metrics) + "\n")
+    (run_dir / "header.json").write_text(json.dumps({"run_name": "synthetic", "git_revision": "abc1234",
+                                                     "config": {"num_generations": 8}}))
+    diag.close()
+    return run_dir
+
+
+def switch(before: float, after: float, onset: int) -> Schedule:
+    """``before`` until step ``onset``, ``after`` from it on (an abrupt change of behaviour)."""
+    return lambda step: after if step >= onset else before
+
+
+ONSET = 10
+
+# Each hacking policy behaves healthily until ONSET, then games its checker.
+HACKING_POLICIES = {
+    "answer_spraying": lambda: Policy(lenient_checker=True, p_correct=const(0.3), p_spray=switch(0.0, 0.5, ONSET)),
+    "format_farming": lambda: Policy(p_correct=const(0.25), format_weight=0.5,
+                                     p_format_if_correct=switch(0.1, 0.95, ONSET), p_format_if_incorrect=switch(0.1, 0.95, ONSET)),
+    "length_inflation": lambda: Policy(p_correct=const(0.3), len_incorrect=ramp(150, 450, ONSET, ONSET + 30)),
+    "truncation_gaming": lambda: Policy(p_correct=const(0.3), p_truncate_incorrect=switch(0.04, 0.5, ONSET)),
+    "test_tampering": lambda: Policy(code=True, p_tamper=switch(0.0, 0.3, ONSET)),
+}
