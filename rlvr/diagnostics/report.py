@@ -160,7 +160,7 @@ def _esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def render_sample(sample: dict[str, Any]) -> str:
+def render_sample(sample: dict[str, Any], expanded: bool = False) -> str:
     rewards = " · ".join(f"{_esc(k)}={v:.2f}" if isinstance(v, (int, float)) else f"{_esc(k)}=None"
                          for k, v in (sample.get("rewards") or {}).items())
     flags = "".join(f'<span class="flag">{_esc(f)}</span>' for f in sample.get("flags") or [])
@@ -170,7 +170,7 @@ def render_sample(sample: dict[str, Any]) -> str:
     columns_html = " · ".join(f"{_esc(k)}={_esc(v)}" for k, v in columns.items())
     search = _esc(" ".join(str(x) for x in (sample.get("prompt_id"), sample.get("class"), *(sample.get("flags") or []))).lower())
     return (
-        f'<details class="sample" data-class="{_esc(sample.get("class"))}" data-search="{search}">'
+        f'<details class="sample"{" open" if expanded else ""} data-class="{_esc(sample.get("class"))}" data-search="{search}">'
         f'<summary><b>step {_esc(sample.get("step"))}</b> · <span class="cls {_esc(sample.get("class"))}">{_esc(sample.get("class"))}</span>'
         f' · reward {float(sample.get("reward") or 0):.2f} ({rewards}) · adv {float(sample.get("advantage") or 0):+.2f}'
         f' · {_esc(sample.get("n_tokens"))} tokens, {_esc(sample.get("finish_reason"))} · prompt {_esc(sample.get("prompt_id"))} {flags}</summary>'
@@ -202,6 +202,7 @@ _JS = """
 function filt(){const c=document.getElementById('cls').value,q=document.getElementById('q').value.toLowerCase();
 let n=0;document.querySelectorAll('details.sample').forEach(d=>{const ok=(!c||d.dataset.class===c)&&(!q||d.dataset.search.includes(q)||d.textContent.toLowerCase().includes(q));d.style.display=ok?'':'none';n+=ok});
 document.getElementById('count').textContent=n+' shown';}
+filt();
 """
 
 
@@ -257,7 +258,7 @@ def write_report(run_dir: str | Path) -> Path:
     else:
         timeline = '<div class="ok">No reward-hacking monitor fired on this run.</div>'
     shown = samples[-MAX_SAMPLES:]
-    sample_html = "".join(render_sample(s) for s in reversed(shown))
+    sample_html = "".join(render_sample(s, expanded=i < 2) for i, s in enumerate(reversed(shown)))
     title = header.get("run_name") or run_dir.resolve().name
     header_html = f"<details><summary>run header (config, versions, fingerprints)</summary><pre>{_esc(json.dumps(header, indent=2, default=str))}</pre></details>" if header else ""
     page = f"""<!doctype html>

@@ -58,24 +58,23 @@ def decoy_recheck(
     the right gold *and* for a wrong one answers several things at once: it is spraying.
     """
     gold_column = getattr(fn, "gold_column", None)
-    picked: list[tuple[int, str, list[str]]] = []
-    seen_groups: set[Any] = set()
-    # One completion per group first, so the budget samples as many prompts as it can.
-    order = sorted(range(len(records)), key=lambda i: (records[i].get("group") in seen_groups, i))
-    for i in order:
-        record = records[i]
-        if len(picked) >= budget:
-            break
+    eligible: list[tuple[int, str, list[str]]] = []
+    for i, record in enumerate(records):
         score = (record.get("rewards") or {}).get(reward_name)
         if score is None or score <= 0:
             continue
         columns = record.get("columns") or {}
         column = gold_column if gold_column in columns else next((c for c in GOLD_COLUMNS if c in columns), None)
         decoys = decoy_golds(columns.get(column)) if column else []
-        if not decoys:
-            continue
-        seen_groups.add(record.get("group"))
-        picked.append((i, column, decoys))
+        if decoys:
+            eligible.append((i, column, decoys))
+    # One completion per group first, so the budget samples as many prompts as it can.
+    first_of_group, rest, seen_groups = [], [], set()
+    for item in eligible:
+        group = records[item[0]].get("group")
+        (rest if group in seen_groups else first_of_group).append(item)
+        seen_groups.add(group)
+    picked = (first_of_group + rest)[:budget]
     if not picked:
         return {}, None
     prompts, completions, truncated, columns_out, owners = [], [], [], {}, []

@@ -1,0 +1,72 @@
+import base64
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+from diag_synthetic import HACKING_POLICIES, write_fake_run
+
+from rlvr.diagnostics import write_report
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    write_fake_run(run_dir, HACKING_POLICIES["answer_spraying"](), steps=30)
+    # A completion that would break the page if it were not escaped.
+    with open(run_dir / "samples.jsonl", "a") as f:
+        f.write(json.dumps({"step": 29, "class": "worst", "prompt_id": "evil", "completion": "</pre><script>document.body.innerHTML='pwned'</script>",
+                            "reward": 0.0, "rewards": {"correct": 0.0}, "flags": []}) + "\n")
+    return run_dir, write_report(run_dir)
+
+
+def test_report_is_self_contained(report):
+    run_dir, path = report
+    assert path == run_dir / "report.html"
+    page = path.read_text()
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    # reward, eval, groups, lengths, truncation, clip, entropy, kl, timing, hacking
+    assert len(images) == 10
+    assert all(base64.b64decode(img)[:8] == PNG_MAGIC for img in images)
+    assert sorted(p.name for p in (run_dir / "report").glob("*.png")) == sorted(
+        f"{s}.png" for s in ("reward", "eval", "groups", "lengths", "truncation", "clip", "entropy", "kl", "timing", "hacking"))
+    assert not re.search(r'src="(?!data:)', page)  # nothing fetched from elsewhere
+    assert 'class="warn"' in page and "answer_spraying" in page
+    assert "<script>document.body" not in page and "&lt;script&gt;document.body" in page
+
+
+def test_report_needs_a_run_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
+        write_report(tmp_path)
+
+
+def chromium(*args, tmp_path):
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}"]
+    return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium)")
+def test_report_renders_in_headless_chromium(report, tmp_path):
+    from matplotlib.image import imread
+
+    _, path = report
+    shot = tmp_path / "report.png"
+    chromium("--window-size=1400,2400", f"--screenshot={shot}", path.as_uri(), tmp_path=tmp_path)
+    assert shot.is_file(), "chromium wrote no screenshot"
+    pixels = imread(shot)[..., :3]  # H x W x RGB floats in [0, 1]
+    assert pixels.shape[:2] == (2400, 1400)
+    non_white = (pixels.min(axis=-1) < 0.9).mean()
+    assert non_white > 0.05, "the page rendered (nearly) blank"
+    # The warning banner's red border (#d62728) is on screen.
+    red = (abs(pixels[..., 0] - 0xD6 / 255) < 0.03) & (abs(pixels[..., 1] - 0x27 / 255) < 0.03) & (abs(pixels[..., 2] - 0x28 / 255) < 0.03)
+    assert red.sum() > 100
+
+    dom = chromium("--dump-dom", path.as_uri(), tmp_path=tmp_path).stdout
+    # The inline script ran on load and counted the browsable samples; the escaped script did not run.
+    assert re.search(r'id="count"[^>]*>\d+ shown<', dom)
+    assert "<h1>rlvr run report</h1>" in dom
