@@ -1,17 +1,18 @@
 """Reward functions and the checkers under them (DESIGN.md §6, issue 5).
 
 Importing this package registers every built-in reward factory in ``REWARDS``:
-``math``, ``format``, ``overlong`` (and ``code``, ``json_schema`` once their modules exist).
+``math``, ``code``, ``json_schema``, ``format``, ``overlong``.
 """
 
 from rlvr.rewards.base import REWARDS, CheckerReward, Verdict, completion_text
-from rlvr.rewards import codecheck, formatcheck, length, mathcheck  # noqa: F401  (registration)
+from rlvr.rewards import codecheck, formatcheck, jsoncheck, length, mathcheck  # noqa: F401  (registration)
 from rlvr.rewards.codecheck import CodeReward, check_code
 from rlvr.rewards.formatcheck import FormatReward, check_tags
+from rlvr.rewards.jsoncheck import JSONSchemaReward, check_json, strict_loads
 from rlvr.rewards.length import OverlongPenalty
 from rlvr.rewards.mathcheck import MathReward, check_math, equivalent
 
 __all__ = [
     "REWARDS", "Verdict", "CheckerReward", "completion_text",
-    "CodeReward", "check_code", "MathReward", "check_math", "equivalent", "FormatReward", "check_tags", "OverlongPenalty",
+    "CodeReward", "check_code", "MathReward", "check_math", "equivalent", "FormatReward", "check_tags", "OverlongPenalty", "JSONSchemaReward", "check_json", "strict_loads",
 ]

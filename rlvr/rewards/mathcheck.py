@@ -80,7 +80,7 @@ def _clip_anchor(s: str) -> str:
 def _answer_like(s: str) -> bool:
     # "To get the answer: first add the two rates" is prose, not a final answer; a capture counts
     # when it holds a digit, math markup, or is at most four words ("eighteen", "no solution").
-    return bool(s) and (bool(re.search(r"[\d$\\]", s)) or len(s.split()) <= 4)
+    return bool(s) and (bool(re.search(r"[\d$\\]", s)) or len(s.split()) <= 4 or parse_number_words(s) is not None)
 
 
 def extract_candidates(text: str) -> tuple[list[Candidate], str]:
@@ -99,7 +99,8 @@ def extract_candidates(text: str) -> tuple[list[Candidate], str]:
     cands += [Candidate("####", _clip_anchor(h)) for h in _HASHES_RE.findall(outside)]
     if not cands:
         bare = text.strip()
-        if bare and len(bare) <= _SHORT_ANSWER_MAX and "\n" not in bare and "=" not in bare and len(bare.split()) <= 4:
+        short = bare and len(bare) <= _SHORT_ANSWER_MAX and "\n" not in bare and "=" not in bare
+        if short and (len(bare.split()) <= 4 or parse_number_words(bare.rstrip(".")) is not None):
             cands.append(Candidate("after_think" if after_think else "whole", bare))
     return cands, ("ok" if cands else "no_answer")
 

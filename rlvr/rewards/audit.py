@@ -1,0 +1,194 @@
+"""``rlvr audit``: measure a checker on cases with known answers before training against it.
+
+A case is one JSON object per line:
+
+    {"completion": "...", "expected": true|false, "gold": ...}        # --checker math
+    {"completion": "...", "expected": true|false, "tests": [...]}     # --checker code
+    {"completion": "...", "expected": true|false, "schema": {...}}    # --checker json
+
+optionally with ``name``, ``category`` (grouping in the report), ``truncated`` (math/code/json:
+score as a completion that hit the length limit) and, for json, ``gold`` and ``incomplete_reward``.
+``expected`` says whether a trustworthy checker should accept the completion.
+
+Report: true/false positives and negatives, errors (the checker raised), timeouts, per-category
+counts and every disagreement. The exit code is 1 when any case disagrees (a false positive is
+an exploitable checker; a false negative is a correct answer the policy is punished for) or the
+checker raised, 2 when the cases cannot be read, else 0.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+from rlvr.rewards.base import Verdict
+
+FIXTURES = Path(__file__).with_name("fixtures")
+CHECKERS = ("math", "code", "json")
+
+
+def _math(case: dict) -> Verdict:
+    from rlvr.rewards.mathcheck import check_math
+
+    return check_math(case["completion"], case["gold"], truncated=bool(case.get("truncated", False)), timeout_s=float(case.get("timeout_s", 5.0)))
+
+
+def _code(case: dict) -> Verdict:
+    from rlvr.rewards.codecheck import check_code
+    from rlvr.rewards.sandbox import Limits
+
+    limits = Limits(timeout_s=float(case.get("timeout_s", 3.0)), memory_mb=int(case.get("memory_mb", 256)), output_bytes=1 << 18)
+    return check_code(case["completion"], case["tests"], truncated=bool(case.get("truncated", False)), limits=limits)
+
+
+def _json(case: dict) -> Verdict:
+    from rlvr.rewards.jsoncheck import check_json
+
+    return check_json(case["completion"], case["schema"], gold=case.get("gold"),
+                      incomplete_reward=float(case.get("incomplete_reward", 0.0)), truncated=bool(case.get("truncated", False)))
+
+
+_RUNNERS: dict[str, tuple[Callable[[dict], Verdict], tuple[str, ...], int]] = {
+    # checker -> (runner, required keys besides completion/expected, parallel workers)
+    "math": (_math, ("gold",), 2),  # two symbolic workers per process
+    "code": (_code, ("tests",), 8),  # sandboxes mostly wait: run many at once
+    "json": (_json, ("schema",), 1),
+}
+
+
+class CaseError(ValueError):
+    pass
+
+
+def load_cases(checker: str, cases: str | Path | None = None) -> list[dict]:
+    path = Path(cases) if cases is not None else FIXTURES / f"{checker}.jsonl"
+    if not path.is_file():
+        raise CaseError(f"audit: no case file at {path}; pass --cases FILE.jsonl with one JSON object per line")
+    required = ("completion", "expected") + _RUNNERS[checker][1]
+    rows = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CaseError(f"audit: {path}:{lineno} is not valid JSON ({exc.msg}); each line must be one JSON object") from None
+        missing = [k for k in required if k not in row]
+        if missing or not isinstance(row.get("expected"), bool):
+            raise CaseError(
+                f"audit: {path}:{lineno} needs the keys {', '.join(required)} with a boolean 'expected' "
+                f"(missing: {', '.join(missing) or 'expected must be true or false'})"
+            )
+        row.setdefault("name", f"case_{lineno}")
+        row.setdefault("category", "adversarial" if not row["expected"] else "correct")
+        rows.append(row)
+    return rows
+
+
+def audit(checker: str, rows: list[dict]) -> dict[str, Any]:
+    """Run the checker on every row; return the report as plain data."""
+    runner, _, workers = _RUNNERS[checker]
+
+    def one(row: dict) -> tuple[dict, Verdict | None, str | None]:
+        try:
+            return row, runner(row), None
+        except Exception as exc:  # noqa: BLE001 - a raising checker is a finding, not a crash
+            return row, None, f"{type(exc).__name__}: {exc}"
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        results = list(pool.map(one, rows))
+    counts: Counter[str] = Counter()
+    by_category: dict[str, Counter[str]] = defaultdict(Counter)
+    disagreements = []
+    for row, verdict, error in results:
+        if error is not None:
+            outcome = "error"
+        elif verdict.correct:
+            outcome = "tp" if row["expected"] else "fp"
+        else:
+            outcome = "fn" if row["expected"] else "tn"
+        counts[outcome] += 1
+        by_category[row["category"]][outcome] += 1
+        if verdict is not None and verdict.reason == "timeout":
+            counts["timeouts"] += 1
+        if outcome in ("fp", "fn", "error"):
+            disagreements.append({
+                "name": row["name"],
+                "category": row["category"],
+                "outcome": outcome,
+                "expected": row["expected"],
+                "reason": error if error is not None else verdict.reason,
+                "extracted": None if verdict is None else verdict.extracted,
+                "completion": row["completion"][:160],
+            })
+    return {
+        "checker": checker,
+        "cases": len(rows),
+        "true_positives": counts["tp"],
+        "false_positives": counts["fp"],
+        "true_negatives": counts["tn"],
+        "false_negatives": counts["fn"],
+        "errors": counts["error"],
+        "timeouts": counts["timeouts"],
+        "by_category": {k: dict(v) for k, v in sorted(by_category.items())},
+        "disagreements": disagreements,
+        "seconds": round(time.monotonic() - start, 2),
+    }
+
+
+def _print_table(report: dict[str, Any], out=None) -> None:
+    out = out or sys.stdout  # looked up per call: pytest and the CLI may swap sys.stdout
+    p = lambda *a: print(*a, file=out)  # noqa: E731
+    p(f"audit of the {report['checker']} checker: {report['cases']} cases in {report['seconds']} s")
+    p(f"  true positives  {report['true_positives']:5d}   (correct answers accepted)")
+    p(f"  true negatives  {report['true_negatives']:5d}   (wrong / adversarial answers rejected)")
+    p(f"  false positives {report['false_positives']:5d}   (accepted but should not be: exploitable)")
+    p(f"  false negatives {report['false_negatives']:5d}   (rejected but correct: punishes right answers)")
+    p(f"  errors          {report['errors']:5d}   (the checker raised)")
+    p(f"  timeouts        {report['timeouts']:5d}   (scored 0)")
+    p("")
+    p(f"  {'category':<18} {'tp':>5} {'tn':>5} {'fp':>5} {'fn':>5} {'err':>5}")
+    for category, c in report["by_category"].items():
+        p(f"  {category:<18} {c.get('tp', 0):5d} {c.get('tn', 0):5d} {c.get('fp', 0):5d} {c.get('fn', 0):5d} {c.get('error', 0):5d}")
+    if report["disagreements"]:
+        p("")
+        p("disagreements:")
+        for d in report["disagreements"]:
+            p(f"  [{d['outcome'].upper()}] {d['name']} ({d['category']}): expected {'accept' if d['expected'] else 'reject'}, "
+              f"reason={d['reason']!r}, extracted={d['extracted']!r}")
+            p(f"        {d['completion']!r}")
+    else:
+        p("")
+        p("no disagreements.")
+
+
+def run_audit(checker: str, cases: str | None = None, as_json: bool = False) -> int:
+    """Entry point for ``rlvr audit``; returns the process exit code (see module doc)."""
+    if checker == "json_schema":
+        checker = "json"
+    if checker not in _RUNNERS:
+        print(f"audit: unknown checker {checker!r}; choose one of {', '.join(CHECKERS)}", file=sys.stderr)
+        return 2
+    try:
+        rows = load_cases(checker, cases)
+    except CaseError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    report = audit(checker, rows)
+    if as_json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        _print_table(report)
+    bad = report["false_positives"] + report["false_negatives"] + report["errors"]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":  # python -m rlvr.rewards.audit math [cases.jsonl] [--json]
+    args = [a for a in sys.argv[1:] if a != "--json"]
+    sys.exit(run_audit(args[0] if args else "math", args[1] if len(args) > 1 else None, "--json" in sys.argv))

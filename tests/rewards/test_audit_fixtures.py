@@ -1,0 +1,49 @@
+"""The fixture suites as CI tests, and the ``rlvr audit`` runner's report and exit codes (issue 5)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlvr.rewards.audit import audit, load_cases, run_audit
+
+
+@pytest.mark.parametrize("checker", ["math", "json"])  # code's suite runs in test_code_sandbox.py
+def test_builtin_suite_has_no_disagreement(checker):
+    report = audit(checker, load_cases(checker))
+    assert report["disagreements"] == []
+    assert report["false_positives"] == 0 and report["false_negatives"] == 0 and report["errors"] == 0
+
+
+def test_math_suite_is_big_and_covers_every_attack_family():
+    rows = load_cases("math")
+    categories = {r["category"] for r in rows}
+    assert len(rows) >= 300
+    assert {"correct_form", "wrong_close", "sprayed", "hedged", "truncated", "no_anchor", "code_injection", "hang"} <= categories
+    assert sum(r["expected"] for r in rows) >= 100 and sum(not r["expected"] for r in rows) >= 100
+
+
+def test_exit_codes_and_json_report(tmp_path, capsys):
+    cases = tmp_path / "cases.jsonl"
+    lines = [
+        {"completion": "\\boxed{18}", "gold": "18", "expected": True},
+        {"completion": "\\boxed{17}", "gold": "18", "expected": True, "name": "mislabeled"},  # the checker rightly rejects: a disagreement
+    ]
+    cases.write_text("\n".join(json.dumps(x) for x in lines))
+    assert run_audit("math", str(cases), as_json=True) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["false_negatives"] == 1 and report["true_positives"] == 1
+    assert report["disagreements"][0]["name"] == "mislabeled"
+    cases.write_text(json.dumps(lines[0]))
+    assert run_audit("math", str(cases)) == 0
+    assert "no disagreements" in capsys.readouterr().out
+
+
+def test_bad_case_files_are_explained(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"completion": "x"}\n')
+    assert run_audit("math", str(bad)) == 2
+    assert "gold" in capsys.readouterr().err
+    assert run_audit("math", str(tmp_path / "missing.jsonl")) == 2
+    assert run_audit("lean", None) == 2
