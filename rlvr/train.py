@@ -15,6 +15,7 @@ optimizer steps. Checkpoints are taken between generation batches.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass, field
@@ -332,6 +333,12 @@ def save(run: Run) -> Path:
                            state, keep=run.cfg.log.save_total_limit)
 
 
+def _truncate_log(path: Path, step: int) -> None:
+    if path.exists():
+        lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+        path.write_text("".join(ln + "\n" for ln in lines))
+
+
 def maybe_resume(run: Run) -> None:
     if run.cfg.resume is False:
         return
@@ -345,6 +352,7 @@ def maybe_resume(run: Run) -> None:
     run.diagnostics.load_state_dict(state["diagnostics"])
     run.groups.load_state_dict(state["groups"])
     run.reward_errors = state["reward_errors"]
+    _truncate_log(run.run_dir / "metrics.jsonl", run.step)  # lines the killed attempt wrote after the checkpoint
     sync(run)
     run.console.info(f"resumed from {path} at step {run.step}")
 
