@@ -264,7 +264,7 @@ def truncation_gaming(window: Sequence[Summary], cfg: MonitorConfig) -> MonitorR
     fired = rise >= cfg.truncation_rise and level >= cfg.truncation_level and fail_trunc.z >= cfg.z
     message = (
         f"truncation gaming: in groups where every completion fails, {level:.0%} now hit the length limit "
-        f"(up {rise:+.0%} over the last {len(window)} steps). On prompts it cannot solve the policy runs out the "
+        f"(from {fail_trunc.before.mean:.0%} earlier in the last {len(window)} steps). On prompts it cannot solve the policy runs out the "
         "clock instead of answering: raise max_completion_length, add an overlong penalty, or drop prompts "
         "that are never solved."
     )

@@ -182,6 +182,7 @@ class Diagnostics:
         self.window.append(summary)
 
         metrics = loggable(summary)
+        del metrics["step"]  # the trainer logs the step itself
         metrics.update(history_table(self.history))
         if seen_before:
             metrics["groups/prompt_flips"] = flipped / seen_before
