@@ -243,3 +243,15 @@ def test_parity_harness_detects_a_wrong_setting():
         )
     rewards = _rewards_with_none(seed=1, B=5, G=4, K=1).float()
     assert not torch.allclose(compute_advantages(rewards, 4, scale_rewards="batch"), trl_advantages(rewards, 4))
+
+
+@pytest.mark.parametrize("scale_rewards,normalize", [("none", False), ("batch", True)])
+def test_rloo_advantages_match_trl_rloo_trainer(scale_rewards, normalize):
+    """estimator="rloo" is TRL's RLOOTrainer: "none" = its default, "batch" = normalize_advantages=True."""
+    from trl_reference import trl_rloo_advantages
+
+    rewards = _rewards_with_none(seed=4, B=5, G=4, K=2).float()
+    ours = compute_advantages(rewards, 4, estimator="rloo", scale_rewards=scale_rewards)
+    theirs = trl_rloo_advantages(rewards, 4, normalize_advantages=normalize)
+    assert torch.equal(ours, theirs)
+    assert ours.abs().sum() > 1

@@ -206,3 +206,42 @@ def trl_advantages(rewards_NK: torch.Tensor, group_size: int, **kwargs) -> torch
     """TRL's advantages for ``rewards_NK`` (see :func:`trl_generate_and_score`)."""
     out, _ = trl_generate_and_score(rewards_NK, group_size, **kwargs)
     return out["advantages"]
+
+
+def trl_rloo_advantages(rewards_NK: torch.Tensor, group_size: int, normalize_advantages: bool = False) -> torch.Tensor:
+    """TRL 1.16 ``RLOOTrainer``'s advantages for ``rewards_NK`` (its scoring method, stubbed like the GRPO one)."""
+    from trl import RLOOTrainer
+
+    N, K = rewards_NK.shape
+    trainer = object.__new__(RLOOTrainer)
+    attrs = dict(
+        accelerator=_SingleProcessAccelerator(),
+        model=SimpleNamespace(training=True, is_gradient_checkpointing=False),
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+        args=SimpleNamespace(per_device_train_batch_size=N, gradient_checkpointing_kwargs=None),
+        _tokenizer=SimpleNamespace(pad_token_id=0),
+        pad_to_multiple_of=None,
+        mask_truncated_completions=False,
+        beta=0.0,
+        num_generations=group_size,
+        reward_weights=torch.ones(K, dtype=rewards_NK.dtype),
+        reward_clip_range=None,
+        normalize_advantages=normalize_advantages,
+        reward_func_names=[f"r{k}" for k in range(K)],
+        reward_funcs=[None] * K,
+        _logs={"prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [], "extra": defaultdict(list)},
+        _pending_extra_logs=defaultdict(list),
+        _pending_metrics=defaultdict(list),
+        log_multimodal=False,
+    )
+    for name, value in attrs.items():
+        setattr(trainer, name, value)
+    one_token = [[1] for _ in range(N)]
+    trainer._generate = lambda prompts: (one_token, one_token, ["x"] * N)
+    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (torch.zeros(N, 1, dtype=rewards_NK.dtype), None, None)
+    trainer._calculate_rewards = lambda *a, **k: rewards_NK.clone()
+    import trl.trainer.rloo_trainer as rloo_module
+
+    with mock.patch.object(rloo_module, "gather_object", lambda x: list(x)):
+        out = trainer._generate_and_score_completions([{"prompt": "p"} for _ in range(N)])
+    return out["advantages"]
