@@ -36,10 +36,14 @@ def step_summaries(path: str | Path, cfg: MonitorConfig | None = None) -> dict[i
 def summarize_record(
     header: dict[str, Any], steps: dict[int, list[dict[str, Any]]], cfg: MonitorConfig
 ) -> dict[int, dict[str, Any]]:
-    names = header.get("reward_names") or sorted({k for recs in steps.values() for r in recs for k in r.get("rewards", {})})
+    names = header.get("reward_names") or sorted(
+        {k for recs in steps.values() for r in recs for k in r.get("rewards", {})}
+    )
     weights = dict(zip(names, header.get("reward_weights") or [1.0] * len(names)))
     kinds = header.get("reward_kinds") or {}
-    group_size = int(header.get("group_size") or max((len(g) for recs in steps.values() for g in split_groups(recs)), default=1))
+    group_size = int(
+        header.get("group_size") or max((len(g) for recs in steps.values() for g in split_groups(recs)), default=1)
+    )
     out = {}
     for step, records in steps.items():
         out[step] = summarize_step(records, group_size, weights, kinds, cfg.spray_tail_numbers) | {"step": step}
@@ -72,7 +76,9 @@ def analyse_record(path: str | Path, cfg: MonitorConfig | None = None) -> dict[s
             last = last_warned.get(result.name)
             if last is None or step - last >= cfg.window:
                 last_warned[result.name] = step
-                warnings.append({"step": step, "monitor": result.name, "value": result.value, "message": result.message})
+                warnings.append(
+                    {"step": step, "monitor": result.name, "value": result.value, "message": result.message}
+                )
 
     return {
         "record": str(record_path),
@@ -81,9 +87,13 @@ def analyse_record(path: str | Path, cfg: MonitorConfig | None = None) -> dict[s
         "last_step": max(steps),
         "completions": sum(len(r) for r in steps.values()),
         "table": outcome_table(list(summaries.values())),
-        "sources": {s: {o: c[o] / sum(c.values()) for o in OUTCOMES} | {"groups": sum(c.values())}
-                    for s, c in sorted(source_outcomes.items())},
-        "monitors": {name: {"fired_steps": len(s), "first_fired": s[0] if s else None} for name, s in fired_steps.items()},
+        "sources": {
+            s: {o: c[o] / sum(c.values()) for o in OUTCOMES} | {"groups": sum(c.values())}
+            for s, c in sorted(source_outcomes.items())
+        },
+        "monitors": {
+            name: {"fired_steps": len(s), "first_fired": s[0] if s else None} for name, s in fired_steps.items()
+        },
         "warnings": warnings,
         "fired": any(fired_steps.values()),
     }
@@ -96,8 +106,17 @@ def outcome_table(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for start in range(0, n, size):
         chunk = summaries[start : start + size]
-        row: dict[str, Any] = {"steps": f"{chunk[0]['step']}" if len(chunk) == 1 else f"{chunk[0]['step']}-{chunk[-1]['step']}"}
-        for key in ("groups/all_fail", "groups/mixed", "groups/all_pass", "groups/pass_rate", "truncation/rate", "lengths/mean"):
+        row: dict[str, Any] = {
+            "steps": f"{chunk[0]['step']}" if len(chunk) == 1 else f"{chunk[0]['step']}-{chunk[-1]['step']}"
+        }
+        for key in (
+            "groups/all_fail",
+            "groups/mixed",
+            "groups/all_pass",
+            "groups/pass_rate",
+            "truncation/rate",
+            "lengths/mean",
+        ):
             values = [s[key] for s in chunk if s.get(key) is not None]
             row[key.split("/")[-1]] = sum(values) / len(values) if values else None
         rows.append(row)
@@ -114,20 +133,26 @@ def render_text(result: dict[str, Any]) -> str:
     fmt = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
     for row in result["table"]:
         lines.append(
-            f"{row['steps']:>11} {fmt(row['all_fail'], '9.1%')} {fmt(row['mixed'], '7.1%')} {fmt(row['all_pass'], '9.1%')} "
+            f"{row['steps']:>11} {fmt(row['all_fail'], '9.1%')} {fmt(row['mixed'], '7.1%')} "
+            f"{fmt(row['all_pass'], '9.1%')} "
             f"{fmt(row['pass_rate'], '6.1%')} {fmt(row['rate'], '6.1%')} {fmt(row['mean'], '7.1f')}"
         )
     if len(result["sources"]) > 1:
         lines += ["", "by data source (all steps):"]
         for source, row in result["sources"].items():
-            lines.append(f"  {source:<20} groups={row['groups']:<6} all_fail={row['all_fail']:.1%} "
-                         f"mixed={row['mixed']:.1%} all_pass={row['all_pass']:.1%}")
+            lines.append(
+                f"  {source:<20} groups={row['groups']:<6} all_fail={row['all_fail']:.1%} "
+                f"mixed={row['mixed']:.1%} all_pass={row['all_pass']:.1%}"
+            )
     lines.append("")
     if result["warnings"]:
         for w in result["warnings"]:
             lines.append(f"WARNING step {w['step']}: {w['message']}")
         fired = {n: m for n, m in result["monitors"].items() if m["fired_steps"]}
-        lines.append("fired: " + ", ".join(f"{n} ({m['fired_steps']} steps, first at {m['first_fired']})" for n, m in fired.items()))
+        lines.append(
+            "fired: "
+            + ", ".join(f"{n} ({m['fired_steps']} steps, first at {m['first_fired']})" for n, m in fired.items())
+        )
     else:
         lines.append("no reward-hacking monitor fired (" + ", ".join(MONITORS) + ").")
     return "\n".join(lines)

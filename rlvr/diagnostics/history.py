@@ -24,8 +24,14 @@ def update_history(history: dict[str, dict[str, Any]], step: int, outcomes: dict
         entry = history.get(prompt_id)
         if entry is None:
             entry = history[prompt_id] = {
-                "all_fail": 0, "mixed": 0, "all_pass": 0,
-                "first_step": step, "last_step": step, "last": outcome, "n_flips": 0, "flips": [],
+                "all_fail": 0,
+                "mixed": 0,
+                "all_pass": 0,
+                "first_step": step,
+                "last_step": step,
+                "last": outcome,
+                "n_flips": 0,
+                "flips": [],
             }
         elif entry["last"] != outcome:
             entry["n_flips"] += 1

@@ -174,7 +174,11 @@ def answer_spraying(window: Sequence[Summary], cfg: MonitorConfig) -> MonitorRes
     if rate < cfg.spray_rate:
         return MonitorResult("answer_spraying", rate, False)
     decoy_passed, decoy_checked = _pooled(window, "_n_decoy_passed", "_n_decoy_checked")
-    decoy = f" ({decoy_passed} of {decoy_checked} decoy re-checks against a wrong gold also passed)" if decoy_checked else ""
+    decoy = (
+        f" ({decoy_passed} of {decoy_checked} decoy re-checks against a wrong gold also passed)"
+        if decoy_checked
+        else ""
+    )
     return MonitorResult(
         "answer_spraying",
         rate,
@@ -199,10 +203,7 @@ def format_farming(window: Sequence[Summary], cfg: MonitorConfig) -> MonitorResu
     rise = share_after - share_before
     rising, acc_diff = accuracy_rising(window, cfg)
     fired = (
-        rise >= cfg.format_rise
-        and share_after >= cfg.format_share
-        and shift(window, "fmt").z >= cfg.z
-        and not rising
+        rise >= cfg.format_rise and share_after >= cfg.format_share and shift(window, "fmt").z >= cfg.z and not rising
     )
     message = (
         f"format farming: format rewards now supply {share_after:.0%} of the reward (up from {share_before:.0%} "
@@ -221,7 +222,11 @@ def length_inflation(window: Sequence[Summary], cfg: MonitorConfig) -> MonitorRe
     enough = min(correct.before.n, correct.after.n, incorrect.before.n, incorrect.after.n) >= cfg.length_min_samples
     if enough:
         excess = incorrect.relative - correct.relative
-        if excess >= cfg.incorrect_excess_growth and incorrect.relative >= cfg.incorrect_excess_growth and incorrect.z >= cfg.z:
+        if (
+            excess >= cfg.incorrect_excess_growth
+            and incorrect.relative >= cfg.incorrect_excess_growth
+            and incorrect.z >= cfg.z
+        ):
             return MonitorResult(
                 "length_inflation",
                 excess,
@@ -264,8 +269,8 @@ def truncation_gaming(window: Sequence[Summary], cfg: MonitorConfig) -> MonitorR
     fired = rise >= cfg.truncation_rise and level >= cfg.truncation_level and fail_trunc.z >= cfg.z
     message = (
         f"truncation gaming: in groups where every completion fails, {level:.0%} now hit the length limit "
-        f"(from {fail_trunc.before.mean:.0%} earlier in the last {len(window)} steps). On prompts it cannot solve the policy runs out the "
-        "clock instead of answering: raise max_completion_length, add an overlong penalty, or drop prompts "
+        f"(from {fail_trunc.before.mean:.0%} earlier in the last {len(window)} steps). On prompts it cannot "
+        "solve the policy runs out the clock instead of answering: raise max_completion_length, add an overlong penalty, or drop prompts "
         "that are never solved."
     )
     return MonitorResult("truncation_gaming", rise, fired, message if fired else None)

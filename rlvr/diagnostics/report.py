@@ -64,7 +64,9 @@ def metric_table(run_dir: Path) -> dict[int, dict[str, float]]:
 
 
 def curve(table: dict[int, dict[str, float]], key: str) -> tuple[list[int], list[float]]:
-    points = [(s, row[key]) for s, row in table.items() if isinstance(row.get(key), (int, float)) and math.isfinite(row[key])]
+    points = [
+        (s, row[key]) for s, row in table.items() if isinstance(row.get(key), (int, float)) and math.isfinite(row[key])
+    ]
     return [p[0] for p in points], [float(p[1]) for p in points]
 
 
@@ -86,7 +88,9 @@ def _panel(title: str, ylabel: str) -> tuple[Figure, Any]:
 
 def _mark_warnings(ax: Any, warning_steps: Iterable[int]) -> None:
     for i, step in enumerate(sorted(set(warning_steps))):
-        ax.axvline(step, color="#d62728", linestyle="--", linewidth=1, alpha=0.7, label="monitor warning" if i == 0 else None)
+        ax.axvline(
+            step, color="#d62728", linestyle="--", linewidth=1, alpha=0.7, label="monitor warning" if i == 0 else None
+        )
 
 
 def _legend(ax: Any) -> None:
@@ -94,7 +98,9 @@ def _legend(ax: Any) -> None:
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
 
 
-def line_panel(table, title, ylabel, keys: Sequence[tuple[str, str]], warning_steps, bold: str | None = None) -> bytes | None:
+def line_panel(
+    table, title, ylabel, keys: Sequence[tuple[str, str]], warning_steps, bold: str | None = None
+) -> bytes | None:
     """One figure with a line per (key, label) that has data; None when none has."""
     fig, ax = _panel(title, ylabel)
     drawn = 0
@@ -117,8 +123,13 @@ def stacked_panel(table, title, ylabel, keys: Sequence[tuple[str, str]], warning
         return None
     fig, ax = _panel(title, ylabel)
     ys = [[float(table[s].get(k) or 0.0) for s in steps] for k, _ in present]
-    ax.stackplot(steps, ys, labels=[label for _, label in present],
-                 colors=[(colours or {}).get(k.split("/")[-1]) for k, _ in present] if colours else None, alpha=0.85)
+    ax.stackplot(
+        steps,
+        ys,
+        labels=[label for _, label in present],
+        colors=[(colours or {}).get(k.split("/")[-1]) for k, _ in present] if colours else None,
+        alpha=0.85,
+    )
     _mark_warnings(ax, warning_steps)
     _legend(ax)
     ax.set_xlim(min(steps), max(steps) if max(steps) > min(steps) else min(steps) + 1)
@@ -134,24 +145,102 @@ def build_panels(table: dict[int, dict[str, float]], warning_steps: list[int]) -
         k for k in keys if k.startswith("timing/") and k.split("/", 1)[1] not in PHASES
     )
     specs = [
-        ("reward", "Reward per function (mean over completions)",
-         line_panel(table, "Reward", "reward", [("reward", "total (weighted)")] + [(f"rewards/{n}/mean", n) for n in reward_names], warning_steps, bold="reward")),
-        ("eval", "Held-out accuracy at evaluation steps",
-         line_panel(table, "Held-out accuracy", "accuracy", [(k, k.split("/", 1)[1]) for k in sorted(keys) if k.startswith("eval/")], warning_steps)),
-        ("groups", "Group outcomes: all-fail and all-pass groups teach nothing (every advantage is 0)",
-         stacked_panel(table, "Group outcomes", "fraction of groups", [("groups/all_fail", "all fail"), ("groups/mixed", "mixed"), ("groups/all_pass", "all pass")], warning_steps, OUTCOME_COLOURS)),
-        ("lengths", "Completion length, correct vs incorrect (tokens)",
-         line_panel(table, "Completion length", "tokens", [("lengths/correct_mean", "correct"), ("lengths/incorrect_mean", "incorrect"), ("completions/mean_length", "all")], warning_steps)),
-        ("truncation", "Truncation: share of completions that hit max_completion_length",
-         line_panel(table, "Truncation", "rate", [("truncation/rate", "all completions"), ("truncation/rate_all_fail", "in all-fail groups"), ("truncation/rewarded_rate", "truncated and passed")], warning_steps)),
-        ("clip", "Clip ratios: share of tokens where the clipped branch was active",
-         line_panel(table, "Clip ratios", "fraction of tokens", [("clip_ratio/low_mean", "low"), ("clip_ratio/high_mean", "high"), ("clip_ratio/region_mean", "region")], warning_steps)),
-        ("entropy", "Policy entropy (nats per token)", line_panel(table, "Entropy", "nats/token", [("entropy", "entropy")], warning_steps)),
+        (
+            "reward",
+            "Reward per function (mean over completions)",
+            line_panel(
+                table,
+                "Reward",
+                "reward",
+                [("reward", "total (weighted)")] + [(f"rewards/{n}/mean", n) for n in reward_names],
+                warning_steps,
+                bold="reward",
+            ),
+        ),
+        (
+            "eval",
+            "Held-out accuracy at evaluation steps",
+            line_panel(
+                table,
+                "Held-out accuracy",
+                "accuracy",
+                [(k, k.split("/", 1)[1]) for k in sorted(keys) if k.startswith("eval/")],
+                warning_steps,
+            ),
+        ),
+        (
+            "groups",
+            "Group outcomes: all-fail and all-pass groups teach nothing (every advantage is 0)",
+            stacked_panel(
+                table,
+                "Group outcomes",
+                "fraction of groups",
+                [("groups/all_fail", "all fail"), ("groups/mixed", "mixed"), ("groups/all_pass", "all pass")],
+                warning_steps,
+                OUTCOME_COLOURS,
+            ),
+        ),
+        (
+            "lengths",
+            "Completion length, correct vs incorrect (tokens)",
+            line_panel(
+                table,
+                "Completion length",
+                "tokens",
+                [
+                    ("lengths/correct_mean", "correct"),
+                    ("lengths/incorrect_mean", "incorrect"),
+                    ("completions/mean_length", "all"),
+                ],
+                warning_steps,
+            ),
+        ),
+        (
+            "truncation",
+            "Truncation: share of completions that hit max_completion_length",
+            line_panel(
+                table,
+                "Truncation",
+                "rate",
+                [
+                    ("truncation/rate", "all completions"),
+                    ("truncation/rate_all_fail", "in all-fail groups"),
+                    ("truncation/rewarded_rate", "truncated and passed"),
+                ],
+                warning_steps,
+            ),
+        ),
+        (
+            "clip",
+            "Clip ratios: share of tokens where the clipped branch was active",
+            line_panel(
+                table,
+                "Clip ratios",
+                "fraction of tokens",
+                [
+                    ("clip_ratio/low_mean", "low"),
+                    ("clip_ratio/high_mean", "high"),
+                    ("clip_ratio/region_mean", "region"),
+                ],
+                warning_steps,
+            ),
+        ),
+        (
+            "entropy",
+            "Policy entropy (nats per token)",
+            line_panel(table, "Entropy", "nats/token", [("entropy", "entropy")], warning_steps),
+        ),
         ("kl", "KL to the reference policy (k3)", line_panel(table, "KL", "nats/token", [("kl", "kl")], warning_steps)),
-        ("timing", "Time per phase (seconds per step)",
-         stacked_panel(table, "Time per phase", "seconds", [(k, k.split("/", 1)[1]) for k in timing], warning_steps)),
-        ("hacking", "Reward-hacking monitor statistics (each compared with its threshold, docs/diagnostics.md)",
-         line_panel(table, "Hacking monitors", "statistic", [(f"hacking/{m}", m) for m in monitors], warning_steps)),
+        (
+            "timing",
+            "Time per phase (seconds per step)",
+            stacked_panel(table, "Time per phase", "seconds", [(k, k.split("/", 1)[1]) for k in timing], warning_steps),
+        ),
+        (
+            "hacking",
+            "Reward-hacking monitor statistics (each compared with its threshold, docs/diagnostics.md)",
+            line_panel(table, "Hacking monitors", "statistic", [(f"hacking/{m}", m) for m in monitors], warning_steps),
+        ),
     ]
     return [(stem, caption, png) for stem, caption, png in specs if png is not None]
 
@@ -161,21 +250,25 @@ def _esc(value: Any) -> str:
 
 
 def render_sample(sample: dict[str, Any], expanded: bool = False) -> str:
-    rewards = " · ".join(f"{_esc(k)}={v:.2f}" if isinstance(v, (int, float)) else f"{_esc(k)}=None"
-                         for k, v in (sample.get("rewards") or {}).items())
+    rewards = " · ".join(
+        f"{_esc(k)}={v:.2f}" if isinstance(v, (int, float)) else f"{_esc(k)}=None"
+        for k, v in (sample.get("rewards") or {}).items()
+    )
     flags = "".join(f'<span class="flag">{_esc(f)}</span>' for f in sample.get("flags") or [])
     verdict = sample.get("verdict")
     verdict_html = f"<pre class=meta>{_esc(json.dumps(verdict, indent=1, default=str))}</pre>" if verdict else ""
     columns = sample.get("columns") or {}
     columns_html = " · ".join(f"{_esc(k)}={_esc(v)}" for k, v in columns.items())
-    search = _esc(" ".join(str(x) for x in (sample.get("prompt_id"), sample.get("class"), *(sample.get("flags") or []))).lower())
+    search = _esc(
+        " ".join(str(x) for x in (sample.get("prompt_id"), sample.get("class"), *(sample.get("flags") or []))).lower()
+    )
     return (
         f'<details class="sample"{" open" if expanded else ""} data-class="{_esc(sample.get("class"))}" data-search="{search}">'
         f'<summary><b>step {_esc(sample.get("step"))}</b> · <span class="cls {_esc(sample.get("class"))}">{_esc(sample.get("class"))}</span>'
-        f' · reward {float(sample.get("reward") or 0):.2f} ({rewards}) · adv {float(sample.get("advantage") or 0):+.2f}'
-        f' · {_esc(sample.get("n_tokens"))} tokens, {_esc(sample.get("finish_reason"))} · prompt {_esc(sample.get("prompt_id"))} {flags}</summary>'
+        f" · reward {float(sample.get('reward') or 0):.2f} ({rewards}) · adv {float(sample.get('advantage') or 0):+.2f}"
+        f" · {_esc(sample.get('n_tokens'))} tokens, {_esc(sample.get('finish_reason'))} · prompt {_esc(sample.get('prompt_id'))} {flags}</summary>"
         f'<div class="meta">correct={_esc(sample.get("correct"))} · {columns_html}</div>{verdict_html}'
-        f'<h4>prompt</h4><pre>{_esc(sample.get("prompt"))}</pre><h4>completion</h4><pre>{_esc(sample.get("completion"))}</pre></details>'
+        f"<h4>prompt</h4><pre>{_esc(sample.get('prompt'))}</pre><h4>completion</h4><pre>{_esc(sample.get('completion'))}</pre></details>"
     )
 
 
@@ -214,7 +307,9 @@ def write_report(run_dir: str | Path) -> Path:
     """Write ``RUN_DIR/report.html`` (+ ``RUN_DIR/report/*.png``) and return the HTML path."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"rlvr report: {run_dir} is not a run folder; pass the folder a training run wrote (it holds metrics.jsonl).")
+        raise FileNotFoundError(
+            f"rlvr report: {run_dir} is not a run folder; pass the folder a training run wrote (it holds metrics.jsonl)."
+        )
     table = metric_table(run_dir)
     samples = read_jsonl(run_dir / SAMPLES_NAME)
     warnings = read_jsonl(run_dir / WARNINGS_NAME)
@@ -239,8 +334,10 @@ def write_report(run_dir: str | Path) -> Path:
     figures = []
     for stem, caption, png in panels:
         (png_dir / f"{stem}.png").write_bytes(png)
-        figures.append(f'<figure id="fig-{stem}"><img alt="{_esc(caption)}" src="data:image/png;base64,'
-                       f'{base64.b64encode(png).decode()}"><figcaption>{_esc(caption)}</figcaption></figure>')
+        figures.append(
+            f'<figure id="fig-{stem}"><img alt="{_esc(caption)}" src="data:image/png;base64,'
+            f'{base64.b64encode(png).decode()}"><figcaption>{_esc(caption)}</figcaption></figure>'
+        )
 
     last = table[max(table)] if table else {}
     fmt = lambda key, spec: format(last[key], spec) if key in last else "—"  # noqa: E731
@@ -254,30 +351,37 @@ def write_report(run_dir: str | Path) -> Path:
         _card("monitor warnings", str(len(warnings))),
     ]
     if warnings:
-        timeline = "".join(f'<div class="warn"><b>step {_esc(w["step"])} · {_esc(w.get("monitor"))}</b>: {_esc(w.get("message"))}</div>' for w in warnings)
+        timeline = "".join(
+            f'<div class="warn"><b>step {_esc(w["step"])} · {_esc(w.get("monitor"))}</b>: {_esc(w.get("message"))}</div>'
+            for w in warnings
+        )
     else:
         timeline = '<div class="ok">No reward-hacking monitor fired on this run.</div>'
     shown = samples[-MAX_SAMPLES:]
     sample_html = "".join(render_sample(s, expanded=i < 2) for i, s in enumerate(reversed(shown)))
     title = header.get("run_name") or run_dir.resolve().name
-    header_html = f"<details><summary>run header (config, versions, fingerprints)</summary><pre>{_esc(json.dumps(header, indent=2, default=str))}</pre></details>" if header else ""
+    header_html = (
+        f"<details><summary>run header (config, versions, fingerprints)</summary><pre>{_esc(json.dumps(header, indent=2, default=str))}</pre></details>"
+        if header
+        else ""
+    )
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>rlvr report · {_esc(title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style></head>
 <body>
 <h1>rlvr run report</h1>
-<p class="sub">{_esc(run_dir.resolve())} · generated {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}
-{' · git ' + _esc(header.get('git_revision')) if header.get('git_revision') else ''}</p>
-<div class="cards">{''.join(cards)}</div>
+<p class="sub">{_esc(run_dir.resolve())} · generated {datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+{" · git " + _esc(header.get("git_revision")) if header.get("git_revision") else ""}</p>
+<div class="cards">{"".join(cards)}</div>
 {header_html}
 <h2>Monitor warnings</h2>{timeline}
 <h2>Curves</h2><p class="meta">Red dashed lines mark steps where a monitor warned.</p>
-<div class="grid">{''.join(figures) or '<p>No metrics logged yet.</p>'}</div>
+<div class="grid">{"".join(figures) or "<p>No metrics logged yet.</p>"}</div>
 <h2>Sample completions</h2>
 <p class="meta">{len(shown)} of {len(samples)} samples (most recent first; all of them are in samples.jsonl).</p>
 <div class="controls"><select id="cls" onchange="filt()"><option value="">all classes</option><option>best</option><option>worst</option><option>truncated</option></select>
 <input id="q" placeholder="search text, prompt id or flag" oninput="filt()" size="40"><span id="count" class="meta"></span></div>
-{sample_html or '<p>No samples yet.</p>'}
+{sample_html or "<p>No samples yet.</p>"}
 <script>{_JS}</script>
 </body></html>
 """
@@ -286,4 +390,3 @@ def write_report(run_dir: str | Path) -> Path:
     tmp.write_text(page, encoding="utf-8")
     tmp.replace(out)
     return out
-

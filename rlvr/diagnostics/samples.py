@@ -56,7 +56,9 @@ def choose_samples(records: Sequence[Mapping[str, Any]], per_class: int) -> list
 
 def format_sample(sample: Mapping[str, Any], max_chars: int = 400) -> str:
     """A compact console rendering: header line with rewards and verdict, then the (trimmed) completion."""
-    rewards = ", ".join(f"{k}={v:.2f}" if v is not None else f"{k}=None" for k, v in (sample.get("rewards") or {}).items())
+    rewards = ", ".join(
+        f"{k}={v:.2f}" if v is not None else f"{k}=None" for k, v in (sample.get("rewards") or {}).items()
+    )
     verdict = sample.get("verdict") or {}
     verdict_text = f" verdict={verdict.get('reason', '')}:{verdict.get('extracted')!r}" if verdict else ""
     flags = f" FLAGS={','.join(sample['flags'])}" if sample.get("flags") else ""

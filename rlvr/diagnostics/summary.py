@@ -126,7 +126,9 @@ def summarize_step(
     out["groups/count"] = float(len(groups))
     for name in OUTCOMES:
         out[f"groups/{name}"] = outcomes.count(name) / len(groups)
-    spreads = [max(float(r.get("reward") or 0.0) for r in g) - min(float(r.get("reward") or 0.0) for r in g) for g in groups]
+    spreads = [
+        max(float(r.get("reward") or 0.0) for r in g) - min(float(r.get("reward") or 0.0) for r in g) for g in groups
+    ]
     out["groups/zero_spread"] = sum(s <= ZERO_SPREAD for s in spreads) / len(groups)
     out["groups/nonzero_advantage"] = sum(abs(float(r.get("advantage") or 0.0)) > 1e-8 for r in records) / n
     hist = [0] * (group_size + 1)
@@ -177,7 +179,9 @@ def summarize_step(
     # Answer spraying: among rewarded completions, those with several final answers in the tail
     # and those that also passed a decoy (wrong) gold in Diagnostics' re-check ("decoy" field).
     rewarded_records = [r for r, ok in zip(records, rewarded) if ok]
-    multi = [is_multi_answer(str(r.get("completion") or ""), r.get("verdict"), spray_tail_numbers) for r in rewarded_records]
+    multi = [
+        is_multi_answer(str(r.get("completion") or ""), r.get("verdict"), spray_tail_numbers) for r in rewarded_records
+    ]
     decoy_checked = [r for r in rewarded_records if r.get("decoy") is not None]
     decoy_passed = [r for r in decoy_checked if r.get("decoy")]
     sprayed = [m or bool(r.get("decoy")) for r, m in zip(rewarded_records, multi)]
@@ -224,5 +228,5 @@ def summarize_step(
 
 
 def loggable(summary: Mapping[str, Any]) -> dict[str, float]:
-    """The logged half of a summary: drop internal ``_`` counts and undefined (``None``) values."""
-    return {k: float(v) for k, v in summary.items() if not k.startswith("_") and v is not None}
+    """The logged half of a summary: drop internal ``_`` counts and undefined (``None``, NaN) values."""
+    return {k: float(v) for k, v in summary.items() if not k.startswith("_") and v is not None and math.isfinite(v)}

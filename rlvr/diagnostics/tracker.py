@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from rlvr.diagnostics.history import history_table, update_history
 from rlvr.diagnostics.monitors import MONITORS, MonitorConfig, MonitorResult, change, run_monitors, series
-from rlvr.diagnostics.record import RECORD_NAME, append_lines, record_header
+from rlvr.diagnostics.record import RECORD_NAME, append_lines, finite, record_header, to_json_line
 from rlvr.diagnostics.samples import choose_samples, format_sample
 from rlvr.diagnostics.signals import decoy_golds
 from rlvr.diagnostics.summary import KINDS, group_outcome, loggable, split_groups, summarize_step
@@ -34,14 +34,13 @@ GOLD_COLUMNS = ("answer", "solution", "gold", "target", "ground_truth")
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Temp file + rename, so a reader (or a crash) never sees half a file."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, ensure_ascii=False, allow_nan=False))
+    tmp.write_text(json.dumps(finite(obj), ensure_ascii=False, allow_nan=False))
     os.replace(tmp, path)
 
 
 def _append_jsonl(path: Path, objects: Sequence[Mapping[str, Any]]) -> None:
     with open(path, "a", encoding="utf-8") as f:
-        for obj in objects:
-            f.write(json.dumps(obj, ensure_ascii=False, allow_nan=False, default=str) + "\n")
+        f.writelines(to_json_line(obj) for obj in objects)
 
 
 def decoy_recheck(
@@ -92,8 +91,15 @@ def decoy_recheck(
                 columns_out[name].append(decoy if name == gold_column_used else value)
             owners.append(i)
     try:
-        scores = list(fn(prompts=prompts, completions=completions, completion_ids=[[] for _ in prompts],
-                         truncated=truncated, **columns_out))
+        scores = list(
+            fn(
+                prompts=prompts,
+                completions=completions,
+                completion_ids=[[] for _ in prompts],
+                truncated=truncated,
+                **columns_out,
+            )
+        )
     except Exception as exc:  # noqa: BLE001 - any checker failure is reported, never raised
         return {}, f"{type(exc).__name__}: {exc}"
     if len(scores) != len(prompts):
@@ -173,8 +179,9 @@ class Diagnostics:
             for i, hit in passed.items():
                 records[i]["decoy"] = hit or bool(records[i].get("decoy"))
 
-        summary = summarize_step(records, self.group_size, self.reward_weights, self.reward_kinds,
-                                 self.cfg.spray_tail_numbers)
+        summary = summarize_step(
+            records, self.group_size, self.reward_weights, self.reward_kinds, self.cfg.spray_tail_numbers
+        )
         summary["step"] = step
         outcomes = {str(g[0].get("prompt_id", g[0].get("group"))): group_outcome(g) for g in split_groups(records)}
         seen_before = sum(pid in self.history for pid in outcomes)
@@ -213,8 +220,10 @@ class Diagnostics:
             if self.record_rollouts:
                 append_lines(self.run_dir / RECORD_NAME, records)
             if warned:
-                _append_jsonl(self.run_dir / WARNINGS_NAME,
-                              [{"step": step, "monitor": r.name, "value": r.value, "message": r.message} for r in warned])
+                _append_jsonl(
+                    self.run_dir / WARNINGS_NAME,
+                    [{"step": step, "monitor": r.name, "value": r.value, "message": r.message} for r in warned],
+                )
             write_json_atomic(self.run_dir / HISTORY_NAME, {"step": step, "prompts": self.history})
         return metrics, warnings
 
@@ -231,14 +240,16 @@ class Diagnostics:
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able snapshot (a deep copy: the trainer may serialise it later)."""
-        return copy.deepcopy({
-            "version": 1,
-            "window": list(self.window),
-            "last_warned": self.last_warned,
-            "warning_count": self.warning_count,
-            "history": self.history,
-            "decoy_errors": self.decoy_errors,
-        })
+        return copy.deepcopy(
+            {
+                "version": 1,
+                "window": list(self.window),
+                "last_warned": self.last_warned,
+                "warning_count": self.warning_count,
+                "history": self.history,
+                "decoy_errors": self.decoy_errors,
+            }
+        )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("version") != 1:

@@ -83,7 +83,9 @@ def _advantages(rewards: list[float]) -> list[float]:
     return [(r - mean) / (std + 1e-4) for r in rewards]
 
 
-def make_step(policy: Policy, step: int, rng: random.Random, B: int = 8, G: int = 8, n_prompts: int = 32) -> list[dict[str, Any]]:
+def make_step(
+    policy: Policy, step: int, rng: random.Random, B: int = 8, G: int = 8, n_prompts: int = 32
+) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     for b in range(B):
         prompt_index = (step * B + b) % n_prompts
@@ -96,9 +98,15 @@ def make_step(policy: Policy, step: int, rng: random.Random, B: int = 8, G: int 
             correct = rng.random() < p
             sprayed = not correct and rng.random() < policy.p_spray(step)
             truncated = not correct and not sprayed and rng.random() < policy.p_truncate_incorrect(step)
-            formatted = rng.random() < (policy.p_format_if_correct(step) if correct else policy.p_format_if_incorrect(step))
+            formatted = rng.random() < (
+                policy.p_format_if_correct(step) if correct else policy.p_format_if_incorrect(step)
+            )
             mean_len = policy.len_correct(step) if correct else policy.len_incorrect(step)
-            n_tokens = policy.max_len if truncated else max(5, min(policy.max_len - 1, int(rng.gauss(mean_len, mean_len * 0.15))))
+            n_tokens = (
+                policy.max_len
+                if truncated
+                else max(5, min(policy.max_len - 1, int(rng.gauss(mean_len, mean_len * 0.15))))
+            )
             wrong = gold + rng.choice([-3, -2, 2, 5, 11])
             if policy.code:
                 body = "def solve():\n    return %d\n" % (gold if correct else wrong)
@@ -123,15 +131,26 @@ def make_step(policy: Policy, step: int, rng: random.Random, B: int = 8, G: int 
             elif truncated and policy.truncated_rewarded:
                 score = 1.0
             rewards = {"correct": score, "format": 1.0 if formatted else 0.0}
-            records.append({
-                "step": step, "prompt_id": f"p{prompt_index}", "group": b, "index": g, "prompt": f"Q{prompt_index}",
-                "completion": text, "n_tokens": n_tokens, "finish_reason": "length" if truncated else "stop",
-                "truncated": truncated, "rewards": rewards,
-                "reward": rewards["correct"] + policy.format_weight * rewards["format"],
-                "advantage": 0.0, "correct": bool(score > 0), "verdict": None,
-                "data_source": "code" if policy.code else ("easy" if prompt_index % 2 else "hard"),
-                "columns": {"answer": str(gold)},
-            })
+            records.append(
+                {
+                    "step": step,
+                    "prompt_id": f"p{prompt_index}",
+                    "group": b,
+                    "index": g,
+                    "prompt": f"Q{prompt_index}",
+                    "completion": text,
+                    "n_tokens": n_tokens,
+                    "finish_reason": "length" if truncated else "stop",
+                    "truncated": truncated,
+                    "rewards": rewards,
+                    "reward": rewards["correct"] + policy.format_weight * rewards["format"],
+                    "advantage": 0.0,
+                    "correct": bool(score > 0),
+                    "verdict": None,
+                    "data_source": "code" if policy.code else ("easy" if prompt_index % 2 else "hard"),
+                    "columns": {"answer": str(gold)},
+                }
+            )
         adv = _advantages([r["reward"] for r in records[-G:]])
         for record, a in zip(records[-G:], adv):
             record["advantage"] = a
@@ -148,8 +167,16 @@ def run_policy(policy: Policy, steps: int, seed: int = 0, run_dir=None, reward_f
 
     rng = random.Random(seed)
     messages: list[str] = []
-    diag = Diagnostics(run_dir, group_size=8, reward_names=REWARD_NAMES, reward_weights=[1.0, policy.format_weight],
-                       reward_kinds=REWARD_KINDS, reward_funcs=reward_funcs, console=messages.append, **kwargs)
+    diag = Diagnostics(
+        run_dir,
+        group_size=8,
+        reward_names=REWARD_NAMES,
+        reward_weights=[1.0, policy.format_weight],
+        reward_kinds=REWARD_KINDS,
+        reward_funcs=reward_funcs,
+        console=messages.append,
+        **kwargs,
+    )
     out = []
     for step in range(steps):
         records = make_step(policy, step, rng)
@@ -181,29 +208,51 @@ def write_fake_run(run_dir, policy: Policy | None = None, steps: int = 40, seed:
     run_dir = Path(run_dir)
     policy = policy or Policy()
     rng = random.Random(seed)
-    diag = Diagnostics(run_dir, group_size=8, reward_names=REWARD_NAMES, reward_weights=[1.0, policy.format_weight],
-                       reward_kinds=REWARD_KINDS, console=lambda m: None,
-                       reward_funcs={"correct": lenient_numbers_checker if policy.lenient_checker else strict_checker})
+    diag = Diagnostics(
+        run_dir,
+        group_size=8,
+        reward_names=REWARD_NAMES,
+        reward_weights=[1.0, policy.format_weight],
+        reward_kinds=REWARD_KINDS,
+        console=lambda m: None,
+        reward_funcs={"correct": lenient_numbers_checker if policy.lenient_checker else strict_checker},
+    )
     with open(run_dir / "metrics.jsonl", "w") as f:
         for step in range(steps):
             records = make_step(policy, step, rng)
             metrics, _ = diag.observe(step, records)
             if step % 5 == 0:
                 diag.samples(step, records, echo=False)
-            row = {"step": step, "reward": statistics.fmean(r["reward"] for r in records),
-                   "reward_std": statistics.pstdev(r["reward"] for r in records)}
+            row = {
+                "step": step,
+                "reward": statistics.fmean(r["reward"] for r in records),
+                "reward_std": statistics.pstdev(r["reward"] for r in records),
+            }
             for name in REWARD_NAMES:
                 row[f"rewards/{name}/mean"] = statistics.fmean(r["rewards"][name] for r in records)
-            row |= {"entropy": 1.2 * math.exp(-step / 60), "kl": 0.001 * step, "loss": 0.0, "grad_norm": 0.5,
-                    "clip_ratio/low_mean": 0.01, "clip_ratio/high_mean": 0.02, "clip_ratio/region_mean": 0.03,
-                    "completions/mean_length": statistics.fmean(r["n_tokens"] for r in records)}
-            row |= {f"timing/{p}": t for p, t in zip(("rollout", "reward", "advantage", "logprobs", "update", "sync", "log"),
-                                                     (2.0, 0.2, 0.01, 0.4, 0.8, 0.05, 0.02))}
+            row |= {
+                "entropy": 1.2 * math.exp(-step / 60),
+                "kl": 0.001 * step,
+                "loss": 0.0,
+                "grad_norm": 0.5,
+                "clip_ratio/low_mean": 0.01,
+                "clip_ratio/high_mean": 0.02,
+                "clip_ratio/region_mean": 0.03,
+                "completions/mean_length": statistics.fmean(r["n_tokens"] for r in records),
+            }
+            row |= {
+                f"timing/{p}": t
+                for p, t in zip(
+                    ("rollout", "reward", "advantage", "logprobs", "update", "sync", "log"),
+                    (2.0, 0.2, 0.01, 0.4, 0.8, 0.05, 0.02),
+                )
+            }
             if step % eval_every == eval_every - 1:
                 row["eval/accuracy"] = policy.p_correct(step)
             f.write(json.dumps(row | metrics) + "\n")
-    (run_dir / "header.json").write_text(json.dumps({"run_name": "synthetic", "git_revision": "abc1234",
-                                                     "config": {"num_generations": 8}}))
+    (run_dir / "header.json").write_text(
+        json.dumps({"run_name": "synthetic", "git_revision": "abc1234", "config": {"num_generations": 8}})
+    )
     diag.close()
     return run_dir
 
@@ -218,8 +267,12 @@ ONSET = 10
 # Each hacking policy behaves healthily until ONSET, then games its checker.
 HACKING_POLICIES = {
     "answer_spraying": lambda: Policy(lenient_checker=True, p_correct=const(0.3), p_spray=switch(0.0, 0.5, ONSET)),
-    "format_farming": lambda: Policy(p_correct=const(0.25), format_weight=0.5,
-                                     p_format_if_correct=switch(0.1, 0.95, ONSET), p_format_if_incorrect=switch(0.1, 0.95, ONSET)),
+    "format_farming": lambda: Policy(
+        p_correct=const(0.25),
+        format_weight=0.5,
+        p_format_if_correct=switch(0.1, 0.95, ONSET),
+        p_format_if_incorrect=switch(0.1, 0.95, ONSET),
+    ),
     "length_inflation": lambda: Policy(p_correct=const(0.3), len_incorrect=ramp(150, 450, ONSET, ONSET + 30)),
     "truncation_gaming": lambda: Policy(p_correct=const(0.3), p_truncate_incorrect=switch(0.04, 0.5, ONSET)),
     "test_tampering": lambda: Policy(code=True, p_tamper=switch(0.0, 0.3, ONSET)),

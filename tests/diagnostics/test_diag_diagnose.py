@@ -30,8 +30,13 @@ def test_hacking_run_exits_one_and_matches_live_warnings(tmp_path, capsys, monit
 def test_spraying_detected_offline_from_stored_decoy_verdicts(tmp_path):
     from diag_synthetic import lenient_numbers_checker
 
-    run_policy(HACKING_POLICIES["answer_spraying"](), 20, seed=0, run_dir=tmp_path,
-               reward_funcs={"correct": lenient_numbers_checker})
+    run_policy(
+        HACKING_POLICIES["answer_spraying"](),
+        20,
+        seed=0,
+        run_dir=tmp_path,
+        reward_funcs={"correct": lenient_numbers_checker},
+    )
     result = analyse_record(tmp_path)
     assert result["fired"] and result["monitors"]["answer_spraying"]["first_fired"] is not None
     assert "decoy re-checks" in result["warnings"][0]["message"]

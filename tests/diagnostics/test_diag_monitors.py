@@ -46,8 +46,15 @@ def test_healthy_run_raises_nothing(B, G, seed):
     from rlvr.diagnostics import Diagnostics
 
     messages = []
-    diag = Diagnostics(None, group_size=G, reward_names=REWARD_NAMES, reward_weights=[1.0, 0.2],
-                       reward_kinds=REWARD_KINDS, reward_funcs={"correct": strict_checker}, console=messages.append)
+    diag = Diagnostics(
+        None,
+        group_size=G,
+        reward_names=REWARD_NAMES,
+        reward_weights=[1.0, 0.2],
+        reward_kinds=REWARD_KINDS,
+        reward_funcs={"correct": strict_checker},
+        console=messages.append,
+    )
     rng = random.Random(seed)
     fired = []
     for step in range(60):
@@ -118,8 +125,14 @@ def test_persistence_suppresses_a_one_step_burst():
     # 50 completions a step at 100 tokens (sd 2), then one step at 300: the later half's mean is
     # (4 * 100 + 300) / 5 = 140, +40 % over a flat pass rate of 20 %.
     def step(length):
-        return {"_len_n": 50.0, "_len_sum": 50 * length, "_len_sq": 50 * length**2 + 49 * 4.0,
-                "_pass_n": 50.0, "_pass_sum": 10.0, "_pass_sq": 10.0}
+        return {
+            "_len_n": 50.0,
+            "_len_sum": 50 * length,
+            "_len_sq": 50 * length**2 + 49 * 4.0,
+            "_pass_n": 50.0,
+            "_pass_sum": 10.0,
+            "_pass_sq": 10.0,
+        }
 
     quiet, burst = step(100.0), step(300.0)
     history = [dict(quiet, step=i) for i in range(9)] + [dict(burst, step=9)]

@@ -19,8 +19,20 @@ def report(tmp_path_factory):
     write_fake_run(run_dir, HACKING_POLICIES["answer_spraying"](), steps=30)
     # A completion that would break the page if it were not escaped.
     with open(run_dir / "samples.jsonl", "a") as f:
-        f.write(json.dumps({"step": 29, "class": "worst", "prompt_id": "evil", "completion": "</pre><script>document.body.innerHTML='pwned'</script>",
-                            "reward": 0.0, "rewards": {"correct": 0.0}, "flags": []}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "step": 29,
+                    "class": "worst",
+                    "prompt_id": "evil",
+                    "completion": "</pre><script>document.body.innerHTML='pwned'</script>",
+                    "reward": 0.0,
+                    "rewards": {"correct": 0.0},
+                    "flags": [],
+                }
+            )
+            + "\n"
+        )
     return run_dir, write_report(run_dir)
 
 
@@ -33,7 +45,9 @@ def test_report_is_self_contained(report):
     assert len(images) == 10
     assert all(base64.b64decode(img)[:8] == PNG_MAGIC for img in images)
     assert sorted(p.name for p in (run_dir / "report").glob("*.png")) == sorted(
-        f"{s}.png" for s in ("reward", "eval", "groups", "lengths", "truncation", "clip", "entropy", "kl", "timing", "hacking"))
+        f"{s}.png"
+        for s in ("reward", "eval", "groups", "lengths", "truncation", "clip", "entropy", "kl", "timing", "hacking")
+    )
     assert not re.search(r'src="(?!data:)', page)  # nothing fetched from elsewhere
     assert 'class="warn"' in page and "answer_spraying" in page
     assert "<script>document.body" not in page and "&lt;script&gt;document.body" in page
@@ -45,8 +59,16 @@ def test_report_needs_a_run_folder(tmp_path):
 
 
 def chromium(*args, tmp_path):
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp_path / 'profile'}"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
     return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120)
 
 
@@ -63,7 +85,11 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     non_white = (pixels.min(axis=-1) < 0.9).mean()
     assert non_white > 0.05, "the page rendered (nearly) blank"
     # The warning banner's red border (#d62728) is on screen.
-    red = (abs(pixels[..., 0] - 0xD6 / 255) < 0.03) & (abs(pixels[..., 1] - 0x27 / 255) < 0.03) & (abs(pixels[..., 2] - 0x28 / 255) < 0.03)
+    red = (
+        (abs(pixels[..., 0] - 0xD6 / 255) < 0.03)
+        & (abs(pixels[..., 1] - 0x27 / 255) < 0.03)
+        & (abs(pixels[..., 2] - 0x28 / 255) < 0.03)
+    )
     assert red.sum() > 100
 
     dom = chromium("--dump-dom", path.as_uri(), tmp_path=tmp_path).stdout

@@ -6,13 +6,27 @@ WEIGHTS = {"correct": 1.0, "format": 0.5}
 KINDS = {"correct": "correctness", "format": "format"}
 
 
-def rec(group, index, correct, n_tokens, fmt, truncated=False, source=None, advantage=0.0, completion="The answer is 1"):
+def rec(
+    group, index, correct, n_tokens, fmt, truncated=False, source=None, advantage=0.0, completion="The answer is 1"
+):
     rewards = {"correct": 1.0 if correct else 0.0, "format": fmt}
     return {
-        "step": 0, "prompt_id": f"p{group}", "group": group, "index": index, "prompt": "q", "completion": completion,
-        "n_tokens": n_tokens, "finish_reason": "length" if truncated else "stop", "truncated": truncated,
-        "rewards": rewards, "reward": rewards["correct"] + 0.5 * fmt, "advantage": advantage, "correct": correct,
-        "verdict": None, "data_source": source, "columns": {"answer": "1"},
+        "step": 0,
+        "prompt_id": f"p{group}",
+        "group": group,
+        "index": index,
+        "prompt": "q",
+        "completion": completion,
+        "n_tokens": n_tokens,
+        "finish_reason": "length" if truncated else "stop",
+        "truncated": truncated,
+        "rewards": rewards,
+        "reward": rewards["correct"] + 0.5 * fmt,
+        "advantage": advantage,
+        "correct": correct,
+        "verdict": None,
+        "data_source": source,
+        "columns": {"answer": "1"},
     }
 
 
@@ -20,8 +34,10 @@ def rec(group, index, correct, n_tokens, fmt, truncated=False, source=None, adva
 def three_groups():
     # g0: all fail, two of four truncated, formatted. g1: mixed, unformatted. g2: all pass, formatted.
     g0 = [rec(0, i, False, n, 1.0, truncated=i >= 2, source="gsm8k") for i, n in enumerate([10, 20, 30, 40])]
-    g1 = [rec(1, i, ok, n, 0.0, source="gsm8k", advantage=0.87 if ok else -0.87)
-          for i, (ok, n) in enumerate([(True, 5), (False, 15), (True, 5), (False, 15)])]
+    g1 = [
+        rec(1, i, ok, n, 0.0, source="gsm8k", advantage=0.87 if ok else -0.87)
+        for i, (ok, n) in enumerate([(True, 5), (False, 15), (True, 5), (False, 15)])
+    ]
     g2 = [rec(2, i, True, 8, 1.0, source="math") for i in range(4)]
     return g0 + g1 + g2
 

@@ -20,17 +20,28 @@ from rlvr.diagnostics.tracker import decoy_recheck
 
 def new_diag(run_dir=None, **kwargs):
     kwargs.setdefault("console", lambda message: None)
-    return Diagnostics(run_dir, group_size=8, reward_names=REWARD_NAMES, reward_weights=[1.0, 0.2],
-                       reward_kinds=REWARD_KINDS, **kwargs)
+    return Diagnostics(
+        run_dir, group_size=8, reward_names=REWARD_NAMES, reward_weights=[1.0, 0.2], reward_kinds=REWARD_KINDS, **kwargs
+    )
 
 
 def test_observe_returns_documented_namespaces():
     diag = new_diag(reward_funcs={"correct": strict_checker})
     metrics, warnings = diag.observe(0, make_step(Policy(), 0, random.Random(0)))
     assert warnings == []
-    for key in ("groups/all_fail", "groups/mixed", "groups/all_pass", "groups/nonzero_advantage", "groups/solve_hist/8",
-                "groups/easy/mixed", "lengths/mean", "truncation/rate", "hacking/answer_spraying/fired",
-                "hacking/warnings", "hacking/format_share"):
+    for key in (
+        "groups/all_fail",
+        "groups/mixed",
+        "groups/all_pass",
+        "groups/nonzero_advantage",
+        "groups/solve_hist/8",
+        "groups/easy/mixed",
+        "lengths/mean",
+        "truncation/rate",
+        "hacking/answer_spraying/fired",
+        "hacking/warnings",
+        "hacking/format_share",
+    ):
         assert key in metrics, key
     assert metrics["groups/all_fail"] + metrics["groups/mixed"] + metrics["groups/all_pass"] == pytest.approx(1.0)
     assert all(isinstance(v, float) for v in metrics.values())
@@ -70,7 +81,9 @@ def test_decoy_recheck_budget_and_golds():
 def test_decoy_recheck_never_raises():
     records = make_step(Policy(), 0, random.Random(0))
     messages = []
-    diag = new_diag(reward_funcs={"correct": Counting(strict_checker, raise_with=RuntimeError("boom"))}, console=messages.append)
+    diag = new_diag(
+        reward_funcs={"correct": Counting(strict_checker, raise_with=RuntimeError("boom"))}, console=messages.append
+    )
     for step in range(3):
         metrics, _ = diag.observe(step, records)
     assert metrics["hacking/decoy_errors"] == 3.0
