@@ -270,8 +270,8 @@ def truncation_gaming(window: Sequence[Summary], cfg: MonitorConfig) -> MonitorR
     message = (
         f"truncation gaming: in groups where every completion fails, {level:.0%} now hit the length limit "
         f"(from {fail_trunc.before.mean:.0%} earlier in the last {len(window)} steps). On prompts it cannot "
-        "solve the policy runs out the clock instead of answering: raise max_completion_length, add an overlong penalty, or drop prompts "
-        "that are never solved."
+        "solve the policy runs out the clock instead of answering: raise max_completion_length, add an "
+        "overlong penalty, or drop prompts that are never solved."
     )
     return MonitorResult("truncation_gaming", rise, fired, message if fired else None)
 

@@ -141,9 +141,8 @@ def build_panels(table: dict[int, dict[str, float]], warning_steps: list[int]) -
     keys = {k for row in table.values() for k in row}
     reward_names = sorted(k.split("/")[1] for k in keys if k.startswith("rewards/") and k.endswith("/mean"))
     monitors = sorted(k.split("/")[1] for k in keys if k.startswith("hacking/") and k.endswith("/fired"))
-    timing = [k for k in (f"timing/{p}" for p in PHASES) if k in keys] + sorted(
-        k for k in keys if k.startswith("timing/") and k.split("/", 1)[1] not in PHASES
-    )
+    # Only the trainer's phases are stacked: a logged total (timing/step) would count everything twice.
+    timing = [k for k in (f"timing/{p}" for p in PHASES) if k in keys]
     specs = [
         (
             "reward",
@@ -164,7 +163,7 @@ def build_panels(table: dict[int, dict[str, float]], warning_steps: list[int]) -
                 table,
                 "Held-out accuracy",
                 "accuracy",
-                [(k, k.split("/", 1)[1]) for k in sorted(keys) if k.startswith("eval/")],
+                [(k, k.split("/", 1)[1]) for k in sorted(keys) if k.startswith("eval/") and "accuracy" in k],
                 warning_steps,
             ),
         ),

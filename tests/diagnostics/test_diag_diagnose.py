@@ -57,6 +57,15 @@ def test_missing_record_exits_two(tmp_path, capsys):
     assert "no rollout record" in capsys.readouterr().err
 
 
+def test_module_entry_point(tmp_path, capsys):
+    from rlvr.diagnostics.__main__ import main
+
+    run_policy(HACKING_POLICIES["format_farming"](), 20, seed=0, run_dir=tmp_path)
+    assert main(["diagnose", str(tmp_path)]) == 1
+    assert "WARNING step" in capsys.readouterr().out
+    assert main(["report", str(tmp_path / "missing")]) == 2
+
+
 def test_fingerprints():
     rows = [{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": "2"}]
     fp = fingerprint_rows(rows)
