@@ -76,7 +76,17 @@ class DataConfig(_Section):
         description="A prompt-only dataset: JSONL, CSV, Parquet, a `datasets` folder saved to disk, or "
         "a GSM8K-format file. Every column besides the prompt is passed to the reward functions.",
     )
+    format: Literal["auto", "jsonl", "json", "csv", "parquet", "datasets", "gsm8k"] = Field(
+        "auto", description="File format; 'auto' infers it from the name. 'gsm8k' reads question/answer rows "
+        "and keeps the final answer after '####' as the gold."
+    )
     split: str | None = Field(None, description="Split to read from a `datasets` folder.")
+    prompt_template: str | None = Field(
+        None, description="Rewrite each prompt with a Python format string over the row's columns, e.g. "
+        "'{prompt}\\nPut your final answer within \\\\boxed{{}}.'"
+    )
+    system_prompt: str | None = Field(None, description="Make prompts chat messages with this system message.")
+    chat: bool = Field(False, description="Send plain-text prompts as a user chat message (chat template applied).")
     prompt_column: str = Field("prompt", description="Column that holds the prompt (text or chat messages).")
     answer_column: str | None = Field(None, description="Column holding the gold answer, renamed to 'answer'.")
     eval_path: str | None = Field(None, description="Held-out prompts for evaluation (same formats as `path`).")

@@ -14,14 +14,32 @@ from rlvr.config import Config
 
 
 def _file_rows(cfg: Config, path: str) -> list[dict]:
-    try:
-        from rlvr.tasks import load_rows
-    except ImportError:  # TEMP until the loaders land
-        import json
-        return [json.loads(l) for l in open(path) if l.strip()]
+    from rlvr.tasks.loaders import load_gsm8k, load_rows
 
-    return load_rows(path, split=cfg.data.split, prompt_column=cfg.data.prompt_column,
-                     answer_column=cfg.data.answer_column)
+    d = cfg.data
+    fmt = None if d.format in ("auto", "gsm8k") else d.format
+    if d.format == "gsm8k":
+        rows = load_gsm8k(path, split=d.split, fmt=fmt)
+    else:
+        rows = load_rows(path, split=d.split, prompt_column=d.prompt_column, answer_column=d.answer_column, fmt=fmt)
+    return [format_row(cfg, r) for r in rows]
+
+
+def format_row(cfg: Config, row: dict) -> dict:
+    """Apply data.prompt_template, data.system_prompt and data.chat to one row's prompt."""
+    d = cfg.data
+    prompt = row["prompt"]
+    if d.prompt_template is not None and isinstance(prompt, str):
+        try:
+            prompt = d.prompt_template.format(**row)
+        except KeyError as e:
+            raise ValueError(f"data.prompt_template names column {e} that the rows lack; "
+                             f"columns: {sorted(row)}") from None
+    if isinstance(prompt, str) and (d.chat or d.system_prompt is not None):
+        prompt = [{"role": "user", "content": prompt}]
+        if d.system_prompt is not None:
+            prompt.insert(0, {"role": "system", "content": d.system_prompt})
+    return {**row, "prompt": prompt}
 
 
 class PromptStream:
@@ -44,7 +62,8 @@ class PromptStream:
         if self._rows is None:
             from rlvr.tasks import get_task
 
-            yield from get_task(self.cfg.data.task, **self.cfg.data.task_options).train_rows(seed)
+            for row in get_task(self.cfg.data.task, **self.cfg.data.task_options).train_rows(seed):
+                yield format_row(self.cfg, row)
             return
         epoch = 0
         while True:  # epochs of a file dataset, each shuffled with its own seed
@@ -82,4 +101,5 @@ def eval_rows(cfg: Config) -> list[dict]:
         return []  # a file dataset without eval_path: nothing held out to evaluate on
     from rlvr.tasks import get_task
 
-    return get_task(cfg.data.task, **cfg.data.task_options).eval_rows(cfg.data.eval_size, seed=0)
+    rows = get_task(cfg.data.task, **cfg.data.task_options).eval_rows(cfg.data.eval_size, seed=0)
+    return [format_row(cfg, r) for r in rows]

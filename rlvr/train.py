@@ -308,6 +308,9 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
         from rlvr.tasks import get_task
 
         specs = [(n, w, {}) for n, w in get_task(cfg.data.task, **cfg.data.task_options).default_rewards]
+    # The overlong penalty is about the generation limit: default it to the rollout's own.
+    specs = [(n, w, {"max_completion_length": cfg.rollout.max_completion_length, **o} if n == "overlong" else o)
+             for n, w, o in specs]
     reward_fns = load_reward_functions(specs)
     stream = PromptStream(cfg)
     optimizer = build_optimizer(cfg, model)
