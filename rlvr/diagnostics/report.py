@@ -45,8 +45,12 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def metric_table(run_dir: Path) -> dict[int, dict[str, float]]:
-    """``{step: {key: value}}`` from metrics.jsonl, filled in from the rollout record where it lacks
-    the diagnostics keys (a run logged elsewhere, or ``rlvr report`` on a bare record)."""
+    """``{step: {key: value}}`` from metrics.jsonl, completed from the rollout record.
+
+    The trainer logs every ``logging_steps``; the record holds every step, so group outcomes,
+    lengths and truncation are drawn for every step even when metrics.jsonl has fewer (and for a
+    bare record with no metrics.jsonl at all). Logged values win where both exist.
+    """
     table: dict[int, dict[str, float]] = {}
     for row in read_jsonl(run_dir / "metrics.jsonl"):
         if "step" in row:
@@ -54,11 +58,11 @@ def metric_table(run_dir: Path) -> dict[int, dict[str, float]]:
                 {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
             )
     record = run_dir / RECORD_NAME
-    if record.is_file() and not any("groups/all_fail" in row for row in table.values()):
-        from rlvr.diagnostics.diagnose import step_summaries  # local: diagnose imports this module's neighbours
+    if record.is_file():
+        from rlvr.diagnostics.diagnose import step_summaries  # local: diagnose is the heavier module
 
         for step, summary in step_summaries(record).items():
-            row = table.setdefault(step, {})
+            row = table.setdefault(step, {"step": step})
             row.update({k: v for k, v in loggable(summary).items() if k not in row})
     return dict(sorted(table.items()))
 
@@ -338,11 +342,14 @@ def write_report(run_dir: str | Path) -> Path:
             f'{base64.b64encode(png).decode()}"><figcaption>{_esc(caption)}</figcaption></figure>'
         )
 
-    last = table[max(table)] if table else {}
-    fmt = lambda key, spec: format(last[key], spec) if key in last else "—"  # noqa: E731
+    def fmt(key: str, spec: str) -> str:
+        """The key's value at the last step that has it."""
+        xs, ys = curve(table, key)
+        return format(ys[-1], spec) if xs else "—"
+
     evals = curve(table, "eval/accuracy")
     cards = [
-        _card("steps", str(len(table))),
+        _card("last step", str(max(table)) if table else "—"),
         _card("reward (last step)", fmt("reward", ".3f")),
         _card("held-out accuracy (last eval)", f"{evals[1][-1]:.1%}" if evals[0] else "—"),
         _card("mixed groups (last step)", fmt("groups/mixed", ".0%")),

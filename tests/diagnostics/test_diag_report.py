@@ -96,3 +96,14 @@ def test_report_renders_in_headless_chromium(report, tmp_path):
     # The inline script ran on load and counted the browsable samples; the escaped script did not run.
     assert re.search(r'id="count"[^>]*>\d+ shown<', dom)
     assert "<h1>rlvr run report</h1>" in dom
+
+
+def test_report_from_a_bare_record(tmp_path):
+    # No metrics.jsonl (a run logged elsewhere): group outcomes, lengths and truncation come from the record.
+    from diag_synthetic import Policy, run_policy
+
+    run_policy(Policy(), 12, seed=0, run_dir=tmp_path)
+    page = write_report(tmp_path).read_text()
+    assert 'id="fig-groups"' in page and 'id="fig-lengths"' in page and 'id="fig-truncation"' in page
+    assert 'id="fig-reward"' not in page  # the trainer's reward curve is not in the record's summaries
+    assert '<div class="v">11</div><div class="k">last step</div>' in page  # steps 0..11
