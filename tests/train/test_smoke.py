@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,15 @@ def test_every_logged_key_is_documented(tiny_model_dir, sum_dataset, tmp_path):
     doc = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
     keys = {k for m in read_jsonl(out / "metrics.jsonl") for k in m if k != "step"}
     assert "kl" in keys
-    # Per-function and per-source keys are documented by pattern (rewards/<name>/mean, ...).
-    generic = {k for k in keys if not k.startswith(("rewards/", "groups/sums/", "timing/"))}
-    undocumented = sorted(k for k in generic if f"`{k}`" not in doc)
+    # Per-function, per-source, per-bucket and per-monitor keys are documented by pattern.
+    monitors = r"(answer_spraying|format_farming|length_inflation|truncation_gaming|test_tampering)"
+    patterns = [(r"^rewards/[^/]+/", "rewards/<name>/"), (r"^groups/sums/.*", "groups/<source>/{all_fail,mixed,all_pass}"),
+                (r"/\d+$", "/<k>"), (rf"^hacking/{monitors}", "hacking/<m>")]
+
+    def documented_as(key: str) -> str:
+        for pat, repl in patterns:
+            key = re.sub(pat, repl, key)
+        return key
+
+    undocumented = sorted(k for k in keys if f"`{documented_as(k)}`" not in doc)
     assert not undocumented, f"keys missing from docs/metrics.md: {undocumented}"
