@@ -35,6 +35,11 @@ def main() -> None:
     def read(latex: str):
         return parse(f"${latex}$", extraction_config=config, parsing_timeout=None)
 
+    # Warm up: sympy imports much of itself lazily on first use; pay that before "ready" so a
+    # fresh worker's first real comparison is not charged for it against its timeout.
+    verify(read("(x+1)^2"), read("x^2+2x+1"), timeout_seconds=None)
+    verify(read("\\frac{\\sqrt{3}}{2}"), read("\\sqrt{3}/2"), timeout_seconds=None)
+
     out = sys.stdout
     out.write(json.dumps({"ready": True}) + "\n")
     out.flush()

@@ -73,7 +73,7 @@ def _boxed_contents(text: str) -> list[str]:
 
 def _clip_anchor(s: str) -> str:
     # "The answer is 18 because ..." / "Answer: 18. Done." -> "18"
-    s = re.split(r"\s+(?:because|since|as|which|so)\b|,\s|\.\s|;\s", s, maxsplit=1)[0]
+    s = re.split(r"\s+(?:because|since|as|which|so)\b|,\s+(?=[a-zA-Z]{2,})|\.\s|;\s", s, maxsplit=1)[0]
     return s.strip().strip("*").strip()
 
 
@@ -95,12 +95,18 @@ def extract_candidates(text: str) -> tuple[list[Candidate], str]:
     cands += [Candidate("answer_tag", t) for t in tags]
     outside = _ANSWER_TAG_RE.sub(" ", text)
     cands += [Candidate("boxed", b) for b in _boxed_contents(outside)]
-    cands += [Candidate("answer_anchor", a) for a in map(_clip_anchor, _ANCHOR_RE.findall(outside)) if _answer_like(a)]
+    # An anchor line that holds a \boxed{} is the same statement as the box, already counted.
+    anchors = [a for a in _ANCHOR_RE.findall(outside) if not _BOX_START_RE.search(a)]
+    cands += [Candidate("answer_anchor", a) for a in map(_clip_anchor, anchors) if _answer_like(a)]
     cands += [Candidate("####", _clip_anchor(h)) for h in _HASHES_RE.findall(outside)]
     if not cands:
         bare = text.strip()
-        short = bare and len(bare) <= _SHORT_ANSWER_MAX and "\n" not in bare and "=" not in bare
-        if short and (len(bare.split()) <= 4 or parse_number_words(bare.rstrip(".")) is not None):
+        # "x = 2" is an answer; "5 + 13 = 18" is working: only "<letter> =" may hold an "=".
+        short = bare and len(bare) <= _SHORT_ANSWER_MAX and "\n" not in bare and "=" not in re.sub(r"\b[a-zA-Z]\s*=", "", bare)
+        # The bare text counts only when it *is* an answer: a number (with units or in words) or
+        # a formula; "Reasoning... 12 apples and 4 pears" is prose and has no final answer.
+        words = set(re.findall(r"(?<!\\)\b[a-zA-Z]{2,}", bare.lower())) - {"or", "and"}
+        if short and (not words or numeric_value(normalize_answer(bare))[0] is not None):
             cands.append(Candidate("after_think" if after_think else "whole", bare))
     return cands, ("ok" if cands else "no_answer")
 
@@ -311,6 +317,18 @@ class MathReward(CheckerReward):
         return check_math(text, gold, truncated=bool(row.get("truncated", False)), timeout_s=self.timeout_s)
 
 
+def _is_list(gold: str) -> bool:
+    g = normalize_answer(gold)
+    return "," in g and numeric_value(g)[0] is None
+
+
+def _join_alternatives(answer: str) -> str:
+    """When the gold is a list (the roots of a quadratic), "x = 2 or x = 3" states the list."""
+    parts = re.split(r"\s*(?:,|\bor\b|\band\b)\s*", normalize_answer(answer))
+    parts = [re.sub(r"^[a-zA-Z]\s*=\s*", "", p).strip() for p in parts]
+    return ", ".join(parts) if all(parts) else answer
+
+
 def check_math(text: str, gold: Any, *, truncated: bool = False, timeout_s: float = 5.0) -> Verdict:
     """The verdict for one completion against one gold answer (pure apart from the worker pool)."""
     cands, why = extract_candidates(text)
@@ -330,10 +348,13 @@ def check_math(text: str, gold: Any, *, truncated: bool = False, timeout_s: floa
     elif len(keys) > 1:
         verdict.reason = "multiple_answers"
         verdict.extra["candidates"] = [normalize_answer(c.text) for c in cands][:10]
-    elif is_hedged(first.text):
-        verdict.reason = "hedged"
     else:
-        same, reason = equivalent(gold_answer(gold), first.text, timeout_s)
+        gold_text = gold_answer(gold)
+        answer = _join_alternatives(first.text) if _is_list(gold_text) else first.text
+        if is_hedged(answer):
+            verdict.reason = "hedged"
+            return verdict
+        same, reason = equivalent(gold_text, answer, timeout_s)
         verdict.correct, verdict.reward, verdict.reason = same, float(same), reason
     return verdict
 

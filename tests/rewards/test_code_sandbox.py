@@ -132,3 +132,15 @@ def test_reward_function_contract_parallel():
     completions = ["def add(a, b):\n    return a + b\n", [{"role": "assistant", "content": "def add(a, b):\n    return a - b\n"}], "def add(a, b):\n    return a + b\n"]
     assert fn(None, completions, None, tests=tests, truncated=[False, False, True]) == [1.0, 0.0, 0.0]
     assert fn.kind == "correctness" and fn.gold_column == "tests" and fn.stats["truncated"] == 1
+
+
+@pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="bubblewrap not installed (apt-get install bubblewrap)")
+@pytest.mark.parametrize("name", ["correct_assert", "correct_stdio", "sys_exit_at_import", "always_equal_object", "write_result_channel",
+                                  "stdout_bomb", "network_needed", "setsid_detach"])
+def test_bwrap_isolation(name):
+    case = next(c for c in CASES if c["name"] == name)
+    before = _live_children_of_sandboxes()
+    v = check_code(case["completion"], case["tests"], limits=FAST, isolation="bwrap")
+    assert v.extra["isolation"] == "bwrap"
+    assert v.correct is case["expected"], (v.reason, v.extra)
+    assert _live_children_of_sandboxes() - before == set()

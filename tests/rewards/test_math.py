@@ -143,3 +143,17 @@ def test_threads_and_process_pool():
     assert threading.active_count() >= 1
     with cf.ProcessPoolExecutor(max_workers=2) as ex:
         assert list(ex.map(_score, _SYMBOLIC_CASES)) == [c[2] for c in _SYMBOLIC_CASES]
+
+
+def test_real_symbolic_stall_times_out_off_the_main_thread():
+    # sin(x)^100 vs cos(x)^100 passes every size bound, yet sympy's simplification stalls for
+    # tens of seconds: the only defence is the killable worker. Run it from a worker thread,
+    # where math-verify's own signal.alarm could not fire.
+    fn = REWARDS.get("math")(timeout_s=1.0)
+    with cf.ThreadPoolExecutor(max_workers=1) as ex:
+        verdict = ex.submit(fn.verdicts, None, ["\\boxed{\\cos(x)^{100}}"], None, answer=["\\sin(x)^{100}"]).result()[0]
+    assert (verdict.reason, verdict.reward) == ("timeout", 0.0)
+    assert verdict.seconds < 10
+    assert fn.stats["timeout"] == 1
+    # the pool replaced the killed worker: the next comparison works
+    assert fn(None, ["\\boxed{x^2+2x+1}"], None, answer=["(x+1)^2"]) == [1.0]
