@@ -209,3 +209,38 @@ def test_bad_configuration_is_a_clear_error():
         Diagnostics(None, 8, ["a", "b"], [1.0], {})
     with pytest.raises(ValueError, match="valid kinds"):
         Diagnostics(None, 8, ["a"], [1.0], {"a": "corectness"})
+
+
+def test_decoy_recheck_with_the_shipped_math_checker():
+    # The real strict checker: an honest answer passes only its own gold, and the call signature
+    # diagnostics uses (empty completion_ids, the truncated column) is one the checker accepts.
+    from rlvr.rewards.base import REWARDS
+
+    if "math" not in REWARDS:
+        pytest.skip("math checker not registered")
+    math_reward = REWARDS.get("math")()
+    records = [
+        {
+            "group": 0,
+            "prompt": "q",
+            "completion": "So the answer is \\boxed{18}.",
+            "rewards": {"math": 1.0},
+            "columns": {"answer": "18"},
+            "truncated": False,
+        },
+        {
+            "group": 1,
+            "prompt": "q",
+            "completion": "#### 1,234",
+            "rewards": {"math": 1.0},
+            "columns": {"answer": "1234"},
+            "truncated": False,
+        },
+    ]
+    assert decoy_recheck(math_reward, records, "math", budget=4) == ({0: False, 1: False}, None)
+    # The same completions against a deliberately lenient checker do pass a decoy.
+    sprayed = [dict(records[0], completion="The answer is 17 or 18 or 19 or 1800")]
+    assert decoy_recheck(lenient_numbers_checker, [dict(sprayed[0], rewards={"correct": 1.0})], "correct", 4) == (
+        {0: True},
+        None,
+    )
