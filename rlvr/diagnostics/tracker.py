@@ -9,7 +9,6 @@ checkpoint, so a resumed run warns exactly as an uninterrupted one would.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -161,6 +160,9 @@ class Diagnostics:
         self.warning_count: dict[str, int] = {name: 0 for name in MONITORS}
         self.history: dict[str, dict[str, Any]] = {}
         self.decoy_errors = 0
+        # Decoy verdicts of the last observed step, so samples() of that step can show them.
+        self._decoy_step: int | None = None
+        self._decoy_flags: dict[tuple[Any, Any], bool] = {}
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             if record_rollouts:
@@ -178,6 +180,8 @@ class Diagnostics:
                     self.console(f"[diagnostics] decoy re-check of reward {name!r} failed and is skipped: {error}")
             for i, hit in passed.items():
                 records[i]["decoy"] = hit or bool(records[i].get("decoy"))
+        self._decoy_step = step
+        self._decoy_flags = {(r.get("group"), r.get("index")): r["decoy"] for r in records if "decoy" in r}
 
         summary = summarize_step(
             records, self.group_size, self.reward_weights, self.reward_kinds, self.cfg.spray_tail_numbers
@@ -229,6 +233,13 @@ class Diagnostics:
 
     def samples(self, step: int, records: list[dict[str, Any]], echo: bool = True) -> list[dict[str, Any]]:
         """Best, worst and truncated completions of the step; printed and appended to samples.jsonl."""
+        if step == self._decoy_step and self._decoy_flags:
+            records = [
+                dict(r, decoy=self._decoy_flags[(r.get("group"), r.get("index"))])
+                if (r.get("group"), r.get("index")) in self._decoy_flags
+                else r
+                for r in records
+            ]
         chosen = choose_samples(records, self.samples_per_class)
         for sample in chosen:
             sample["step"] = step
@@ -239,8 +250,8 @@ class Diagnostics:
         return chosen
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-able snapshot (a deep copy: the trainer may serialise it later)."""
-        return copy.deepcopy(
+        """JSON-able snapshot (a deep copy: the trainer may serialise it later; no NaN)."""
+        return finite(
             {
                 "version": 1,
                 "window": list(self.window),

@@ -244,3 +244,13 @@ def test_decoy_recheck_with_the_shipped_math_checker():
         {0: True},
         None,
     )
+
+
+def test_samples_show_decoy_verdicts_of_the_observed_step(tmp_path):
+    policy = HACKING_POLICIES["answer_spraying"]()
+    records = make_step(policy, 15, random.Random(3))
+    diag = new_diag(tmp_path, reward_funcs={"correct": lenient_numbers_checker}, samples_per_class=64)
+    diag.observe(15, records)
+    flagged = [s for s in diag.samples(15, records, echo=False) if "decoy" in s["flags"]]
+    assert flagged and all(s["decoy"] is True for s in flagged)
+    assert "decoy" not in records[0]  # the trainer's records are never modified
