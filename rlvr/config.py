@@ -469,3 +469,33 @@ def describe_options() -> str:
 
     walk(Config, "")
     return "\n".join(lines)
+
+
+def config_markdown() -> str:
+    """docs/config.md, generated: `python -m rlvr.config > docs/config.md` (a test checks it is current)."""
+    out = ["# Configuration reference", "",
+           "Generated from `rlvr/config.py` by `python -m rlvr.config > docs/config.md`; a test fails when it is stale.",
+           "Set any option in a YAML file or on the command line (`rlvr train [CONFIG.yaml] section.key=value`);",
+           "TRL's flat names (`loss_type=gspo`) are routed to their section.", ""]
+
+    def walk(model: type[BaseModel], prefix: str, title: str) -> None:
+        rows, subs = [], []
+        for name, f in model.model_fields.items():
+            ann = f.annotation
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                subs.append((ann, f"{prefix}{name}.", f"`{prefix}{name}`"))
+                continue
+            default = f.get_default(call_default_factory=True)
+            desc = (f.description or "").replace("|", "\\|")
+            rows.append(f"| `{prefix}{name}` | `{default!r}` | {desc} |")
+        if rows:
+            out.extend([f"## {title}", "", "| key | default | meaning |", "| --- | --- | --- |", *rows, ""])
+        for sub, p, t in subs:
+            walk(sub, p, t)
+
+    walk(Config, "", "top level")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(config_markdown(), end="")

@@ -90,3 +90,10 @@ def test_malformed_override_and_missing_file():
 def test_shipped_configs_validate(name):
     cfg = load_config(REPO / "configs" / name)
     assert isinstance(cfg, Config)
+
+
+def test_docs_config_md_is_current():
+    from rlvr.config import config_markdown
+
+    assert (REPO / "docs" / "config.md").read_text() == config_markdown(), \
+        "docs/config.md is stale: run `python -m rlvr.config > docs/config.md`"
