@@ -17,7 +17,7 @@ BACKENDS = [
     pytest.param(("hf", {}), id="hf"),
     pytest.param(("native", {}), id="native"),
     pytest.param(("native", {"fast_path": False}), id="native-generic"),
-    # pytest.param(("openai", {}), id="openai-local-server"),
+    pytest.param(("openai", {}), id="openai-local-server"),
 ]
 
 
@@ -119,7 +119,7 @@ def test_greedy_matches_transformers_generate(backend, prompts, llama_and_tok, s
 
 
 @pytest.mark.parametrize(
-    "filters", [dict(top_k=1), dict(top_p=1e-6), dict(min_p=0.999)], ids=["top_k=1", "top_p~0", "min_p~1"]
+    "filters", [dict(top_k=1), dict(top_p=1e-6), dict(min_p=0.999999)], ids=["top_k=1", "top_p~0", "min_p~1"]
 )
 def test_degenerate_filters_are_greedy(backend, prompts, llama_and_tok, filters):
     """Each filter, pushed to its limit, leaves only the argmax: proves the filter is applied at all."""

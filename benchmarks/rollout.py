@@ -1,0 +1,216 @@
+"""Rollout throughput: rlvr's engines side by side with ``transformers.generate`` (issue 8, DESIGN.md §8).
+
+    python benchmarks/rollout.py --json                       # CPU, 2 threads: tiny + ~25M Llama
+    python benchmarks/rollout.py --json --device cuda --dtype bfloat16 --models qwen2.5-0.5b
+
+Every engine runs the same prompts, G, sampling and seed, interleaved (hf, native, hf, native, ...)
+so machine noise hits both alike; the medians and their ratio are what to read, not absolute
+times. EOS is disabled (an unused token id) so every completion runs to ``max_tokens``: random-weight
+models would otherwise stop at random places and the two engines would do different amounts of work.
+
+``matmul_bound_fraction`` = (2 · matmul params · generated tokens) / time / (FLOP/s of a large
+matmul measured here in the same dtype and thread count). Matmul params exclude the input embedding
+table (a lookup, not a matmul). Prompt FLOPs are not counted, so this is a lower bound on
+utilisation: what fraction of the hardware's matmul speed reaches generated tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import string
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from rlvr.rollout import SamplingParams, make_engine  # noqa: E402
+
+
+def char_tokenizer():
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<eos>", "<unk>", "<never>"]
+    chars = string.digits + string.ascii_letters + "+-*/=() .,:;!?<>[]{}#%&'\"@^_|~\\\n"
+    vocab = {t: i for i, t in enumerate(specials + list(chars))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+
+
+def build_model(name: str, tok, dtype: torch.dtype, device: str):
+    """``tiny``: the shipped tiny model (rlvr/models/tiny-arith) when it is there, else ``llama-3m``.
+    ``llama-3m``: a ~3.2M Llama (hidden 256, 4 layers, 4 heads, char vocabulary).
+    ``llama-25m``: hidden 512, 8 layers.
+    ``qwen2.5-0.5b``: Qwen2.5-0.5B's architecture with random weights (GPU runs)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    shipped = _shipped_tiny() if name == "tiny" else None
+    if shipped is not None:
+        model, tok, source = shipped
+        return model.to(device=device, dtype=dtype), tok, source
+    if name in ("tiny", "llama-3m"):
+        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256)
+        model, source = LlamaForCausalLM(cfg), "llama-3m stand-in" if name == "tiny" else "LlamaConfig"
+    elif name == "llama-25m":
+        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
+                          num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=256)
+        model, source = LlamaForCausalLM(cfg), "LlamaConfig"
+    elif name == "qwen2.5-0.5b":
+        # Qwen2.5-0.5B's published config.json, typed out (no hub access on these machines).
+        cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                          num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                          rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+        model, source = Qwen2ForCausalLM(cfg), "Qwen2.5-0.5B config, random weights"
+    else:
+        raise SystemExit(f"unknown model {name!r}; choose tiny, llama-3m, llama-25m or qwen2.5-0.5b")
+    model.generation_config.eos_token_id = tok.convert_tokens_to_ids("<never>")  # fixed-length completions
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model.to(device=device, dtype=dtype).eval(), tok, source
+
+
+def _shipped_tiny():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlvr.models import tiny_model_path
+
+    try:
+        path = tiny_model_path()
+    except FileNotFoundError:
+        return None
+    model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    model.generation_config.eos_token_id = [10**9]  # an id no model emits: fixed-length completions
+    return model.eval(), tok, f"shipped {path.name}"
+
+
+def matmul_flops(dtype: torch.dtype, device: str, size: int = 2048, reps: int = 10) -> float:
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
+    for _ in range(2):
+        a @ b
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    _sync(device)
+    return 2 * size**3 * reps / (time.perf_counter() - t)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def matmul_params(model) -> int:
+    emb = model.get_input_embeddings().weight
+    total = sum(p.numel() for p in model.parameters())
+    tied = model.get_output_embeddings().weight is emb
+    return total - (0 if tied else emb.numel())  # a tied table still does the lm_head matmul
+
+
+def bench_model(name: str, args) -> dict:
+    dtype = getattr(torch, args.dtype)
+    tok = char_tokenizer()
+    model, tok, source = build_model(name, tok, dtype, args.device)
+    rng = torch.Generator().manual_seed(0)
+    prompts = []
+    for _ in range(args.prompts):
+        a, b = torch.randint(10, 99, (2,), generator=rng).tolist()
+        prompts.append(tok.encode(f"{a}+{b}="))
+    if name == "qwen2.5-0.5b":  # fixed-length prompts of random ids for the large vocabulary
+        prompts = [torch.randint(0, 150000, (args.prompt_len,), generator=rng).tolist() for _ in range(args.prompts)]
+    sampling = SamplingParams(temperature=1.0, max_tokens=args.max_tokens, seed=0)
+    engines = {e: make_engine(e, model, tok) for e in args.engines}
+    times: dict[str, list[float]] = {e: [] for e in engines}
+    tokens: dict[str, int] = {}
+    peak: dict[str, int] = {}
+    for e, engine in engines.items():  # warm-up (allocator, lazy init, kernels)
+        engine.generate(prompts, args.G, sampling)
+    for _ in range(args.repeats):
+        for e, engine in engines.items():
+            if args.device.startswith("cuda"):
+                torch.cuda.reset_peak_memory_stats()
+            _sync(args.device)
+            t = time.perf_counter()
+            out = engine.generate(prompts, args.G, sampling)
+            _sync(args.device)
+            times[e].append(time.perf_counter() - t)
+            tokens[e] = sum(len(c.token_ids) for c in out)
+            if args.device.startswith("cuda"):
+                peak[e] = torch.cuda.max_memory_allocated()
+    flops = matmul_flops(dtype, args.device)
+    n_params = matmul_params(model)
+    result = {
+        "model": name,
+        "source": source,
+        "params": sum(p.numel() for p in model.parameters()),
+        "matmul_params": n_params,
+        "prompts": len(prompts),
+        "G": args.G,
+        "max_tokens": args.max_tokens,
+        "matmul_flops_per_s": flops,
+        "engines": {},
+    }
+    for e in engines:
+        med = statistics.median(times[e])
+        tps = tokens[e] / med
+        result["engines"][e] = {
+            "median_s": med,
+            "all_s": times[e],
+            "tokens": tokens[e],
+            "tokens_per_s": tps,
+            "matmul_bound_fraction": 2 * n_params * tps / flops,
+            **({"peak_memory_bytes": peak[e]} if e in peak else {}),
+        }
+    if "hf" in engines:
+        for e in engines:
+            if e != "hf":
+                result[f"speedup_{e}_vs_hf"] = result["engines"][e]["tokens_per_s"] / result["engines"]["hf"]["tokens_per_s"]
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="tiny,llama-25m")
+    p.add_argument("--engines", default="hf,native")
+    p.add_argument("--prompts", type=int, default=8, help="distinct prompts B (default config: 64 completions / G=8)")
+    p.add_argument("--G", type=int, default=8, help="completions per prompt")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--prompt-len", type=int, default=64, help="prompt length for qwen2.5-0.5b")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--json", action="store_true", help="print one JSON object (default: a short table too)")
+    args = p.parse_args()
+    args.engines = args.engines.split(",")
+    torch.set_num_threads(args.threads)
+    results = {
+        "device": args.device,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "results": [bench_model(m, args) for m in args.models.split(",")],
+    }
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return
+    for r in results["results"]:
+        print(f"{r['model']} ({r['params'] / 1e6:.1f}M params, B={r['prompts']} G={r['G']} max_tokens={r['max_tokens']})")
+        for e, m in r["engines"].items():
+            print(f"  {e:8s} {m['tokens_per_s']:10.0f} tok/s   {m['matmul_bound_fraction']:.2%} of matmul bound")
+        for k, v in r.items():
+            if k.startswith("speedup_"):
+                print(f"  {k}: {v:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

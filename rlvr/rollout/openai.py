@@ -1,0 +1,261 @@
+"""``openai``: any OpenAI-compatible ``/v1/completions`` server as a rollout engine (issue 8).
+
+llama.cpp's server, llama-cpp-python, vLLM, SGLang and TGI all speak this protocol. Such a server
+holds its own copy of the weights, so it samples from a **stale** policy: ``samples_live_policy`` is
+False and the trainer only accepts it with ``rollout.allow_stale_sampler: true``, counting the lag
+and correcting with truncated importance sampling from the log-probs reported here.
+
+Bounded staleness (optional, ``reload_every=k``): every k calls to ``load_weights`` (the trainer calls
+it after each optimizer step) the live policy is exported with ``save_pretrained`` to
+``export_dir/policy-v{version}`` (written to a temp folder, then renamed, so a server never sees a
+half-written checkpoint) and the server is told to reload it, by one of:
+
+- ``reload_url``: POST ``{"path": <folder>, "version": <int>}`` to this URL (a small admin endpoint
+  next to your server, or a server that has one);
+- ``reload_command``: a shell command run with ``{path}`` and ``{version}`` substituted, which must
+  return once the new weights are served (e.g. convert to GGUF and restart ``llama-server``).
+
+The engine then waits until ``/v1/models`` answers, and the lag drops to zero. Every completion
+carries ``extra["policy_lag"]``: optimizer steps between the weights that sampled it and the live
+policy.
+
+Request: prompt token ids in (no re-tokenization), ``n`` completions, ``logprobs=1``, plus the
+non-OpenAI sampling fields that vLLM and llama.cpp understand (``top_k``, ``min_p``,
+``repetition_penalty``) and vLLM's ``return_token_ids``. Token ids out, in order of preference:
+the choice's ``token_ids`` (vLLM ≥ 0.10.2), ``logprobs.tokens`` as ``"token_id:N"`` (vLLM's
+``--return-tokens-as-token-ids``), else the text re-tokenized locally (log-probs are then dropped
+unless the lengths agree, because they could be misaligned).
+
+Log-prob semantics depend on the server: vLLM reports raw (pre-temperature) log-probs unless started
+with ``--logprobs-mode processed_logprobs``; llama.cpp reports post-sampling probabilities. The
+mismatch metrics (rlvr.rollout.mismatch) show how far they are from the trainer's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable, Sequence
+
+import torch
+
+from rlvr.rollout.base import Completion, SamplingParams
+from rlvr.rollout.common import make_completion, resolve_eos_ids, validate_request
+
+
+class OpenAICompletionsEngine:
+    """Rollouts from an OpenAI-compatible completions server. ``samples_live_policy = False``."""
+
+    samples_live_policy = False
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        base_url: str,
+        model_name: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        max_concurrency: int = 16,
+        eos_token_ids: int | Sequence[int] | None = None,
+        reload_every: int = 0,
+        export_dir: str | None = None,
+        reload_url: str | None = None,
+        reload_command: str | None = None,
+        ready_timeout_s: float = 600.0,
+    ):
+        self.model = model  # the live policy: only read when exporting for a reload
+        self.tokenizer = tokenizer
+        self.base_url = base_url.rstrip("/")
+        if self.base_url.endswith("/v1"):
+            self.base_url = self.base_url[: -len("/v1")]
+        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self.timeout_s = timeout_s
+        self.max_concurrency = max_concurrency
+        self.eos_ids = resolve_eos_ids(model, tokenizer, eos_token_ids)
+        if reload_every < 0:
+            raise ValueError(f"reload_every must be >= 0 (0 = never reload), got {reload_every}.")
+        if reload_every and not (reload_url or reload_command):
+            raise ValueError(
+                "openai engine: reload_every > 0 needs a way to tell the server to reload: set reload_url "
+                "(POST {path, version}) or reload_command (a shell command with {path}), or set reload_every=0 "
+                "to sample from the server's fixed weights."
+            )
+        self.reload_every = reload_every
+        self.reload_url = reload_url
+        self.reload_command = reload_command
+        self.ready_timeout_s = ready_timeout_s
+        self.export_dir = export_dir or tempfile.mkdtemp(prefix="rlvr-policy-export-")
+        #: optimizer steps seen (one per load_weights call), and the step the server's weights are from.
+        self.policy_version = 0
+        self.served_version = 0
+        self.model_name = model_name or self._first_served_model()
+
+    @property
+    def policy_lag(self) -> int:
+        """Optimizer steps between the weights the server samples from and the live policy."""
+        return self.policy_version - self.served_version
+
+    # -- HTTP -----------------------------------------------------------------------------------
+    def _request(self, path: str, payload: dict | None = None, timeout: float | None = None) -> dict:
+        url = self.base_url + path
+        data = None if payload is None else json.dumps(payload).encode()
+        req = urllib.request.Request(url, data=data, method="GET" if payload is None else "POST")
+        req.add_header("Content-Type", "application/json")
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout_s) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            body = e.read().decode(errors="replace")[:500]
+            raise RuntimeError(
+                f"openai engine: {url} answered HTTP {e.code}: {body}. Check that the server supports "
+                "/v1/completions with token-id prompts and the sampling fields sent."
+            ) from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            raise ConnectionError(
+                f"openai engine: cannot reach {url} ({e}). Start the server (e.g. `python -m "
+                "llama_cpp.server --model policy.gguf` or `vllm serve <model>`) and set base_url to it."
+            ) from None
+
+    def _first_served_model(self) -> str:
+        models = self._request("/v1/models", timeout=30).get("data") or []
+        if not models:
+            raise RuntimeError(f"openai engine: {self.base_url}/v1/models lists no model; pass model_name=...")
+        return models[0]["id"]
+
+    # -- sampling -------------------------------------------------------------------------------
+    def _payload(self, prompt: list[int], n: int, sampling: SamplingParams) -> dict:
+        payload = {
+            "model": self.model_name,
+            "prompt": prompt,
+            "n": n,
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "logprobs": 1,
+            "echo": False,
+            # Non-OpenAI fields understood by vLLM and llama.cpp; OpenAI itself would reject them,
+            # but it does not take token-id prompts of custom models either.
+            "top_k": sampling.top_k if sampling.top_k > 0 else -1,
+            "min_p": sampling.min_p,
+            "repetition_penalty": sampling.repetition_penalty,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "include_stop_str_in_output": True,
+        }
+        if sampling.stop:
+            payload["stop"] = list(sampling.stop)
+        if sampling.seed is not None:
+            payload["seed"] = sampling.seed
+        return payload
+
+    def _choice_ids(self, choice: dict) -> tuple[list[int], list[float] | None]:
+        lp = choice.get("logprobs") or {}
+        logprobs = lp.get("token_logprobs")
+        ids = choice.get("token_ids")
+        if ids is None and lp.get("tokens") and all(str(t).startswith("token_id:") for t in lp["tokens"]):
+            ids = [int(str(t).split(":", 1)[1]) for t in lp["tokens"]]
+        if ids is None:
+            ids = self.tokenizer.encode(choice.get("text", ""), add_special_tokens=False)
+        if logprobs is not None and (len(logprobs) != len(ids) or any(x is None for x in logprobs)):
+            logprobs = None  # cannot be aligned with the ids: report none rather than wrong ones
+        return list(ids), None if logprobs is None else [float(x) for x in logprobs]
+
+    def _one_prompt(self, index: int, prompt: list[int], n: int, sampling: SamplingParams) -> list[Completion]:
+        resp = self._request("/v1/completions", self._payload(prompt, n, sampling))
+        choices = sorted(resp.get("choices", []), key=lambda c: c.get("index", 0))
+        if len(choices) != n:
+            raise RuntimeError(f"openai engine: asked for n={n} completions, the server returned {len(choices)}.")
+        eos = set(self.eos_ids)
+        out = []
+        for choice in choices:
+            ids, logprobs = self._choice_ids(choice)
+            cut = next((i + 1 for i, t in enumerate(ids) if t in eos), None)
+            if cut is not None:
+                ids, logprobs = ids[:cut], None if logprobs is None else logprobs[:cut]
+            completion = make_completion(
+                index, ids, logprobs, cut is not None, self.tokenizer, sampling.stop,
+                extra={"policy_lag": self.policy_lag, "server_finish_reason": choice.get("finish_reason")},
+            )
+            # A server may stop on its own EOS list (e.g. the GGUF's) that we do not know about.
+            if cut is None and choice.get("finish_reason") == "stop" and len(ids) < sampling.max_tokens:
+                completion.finish_reason = "stop"
+            out.append(completion)
+        return out
+
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams) -> list[Completion]:
+        validate_request(prompt_ids, n, sampling)
+        workers = max(1, min(self.max_concurrency, len(prompt_ids)))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            groups = list(pool.map(lambda ip: self._one_prompt(ip[0], ip[1], n, sampling), enumerate(prompt_ids)))
+        return [c for group in groups for c in group]
+
+    # -- staleness ------------------------------------------------------------------------------
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Count one optimizer step; every ``reload_every`` steps, export the live policy and have the
+        server reload it. The tensors themselves are not read (the live model object is exported)."""
+        self.policy_version += 1
+        if self.reload_every and self.policy_lag >= self.reload_every:
+            self.reload()
+
+    def reload(self) -> str:
+        """Export the live policy now and make the server serve it. Returns the exported folder."""
+        version = self.policy_version
+        final = os.path.join(self.export_dir, f"policy-v{version}")
+        tmp = tempfile.mkdtemp(prefix=f".policy-v{version}-", dir=self.export_dir)
+        # A PEFT policy saves its adapter only (vLLM serves adapters via /v1/load_lora_adapter);
+        # merging here would mutate the model being trained.
+        self.model.save_pretrained(tmp)
+        self.tokenizer.save_pretrained(tmp)
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        if self.reload_url:
+            url = self.reload_url
+            req = urllib.request.Request(url, data=json.dumps({"path": final, "version": version}).encode(), method="POST")
+            req.add_header("Content-Type", "application/json")
+            with urllib.request.urlopen(req, timeout=self.ready_timeout_s):
+                pass
+        if self.reload_command:
+            cmd = self.reload_command.format(path=shlex.quote(final), version=version)
+            done = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=self.ready_timeout_s)
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"openai engine: reload_command exited {done.returncode}: {done.stderr[-500:]}. "
+                    "The server keeps its previous weights; fix the command or set reload_every=0."
+                )
+        self._wait_ready()
+        self.served_version = version
+        self._prune_exports(keep=final)
+        return final
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            try:
+                self._request("/v1/models", timeout=10)
+                return
+            except ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def _prune_exports(self, keep: str) -> None:
+        """Only the served export is kept: a 7B policy is ~15 GB per copy."""
+        for name in os.listdir(self.export_dir):
+            path = os.path.join(self.export_dir, name)
+            if name.startswith("policy-v") and path != keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def close(self) -> None:
+        pass
