@@ -58,3 +58,13 @@ def fingerprint_checker(fn: Callable[..., Any]) -> dict[str, Any]:
         "source": source_hash,
         "options": options,
     }
+
+
+def run_fingerprints(
+    rows: Iterable[Mapping[str, Any]], reward_funcs: Mapping[str, Callable[..., Any]]
+) -> dict[str, Any]:
+    """``{"dataset": ..., "checkers": {name: ...}}``, ready to merge into header.json."""
+    return {
+        "dataset": fingerprint_rows(rows),
+        "checkers": {name: fingerprint_checker(fn) for name, fn in reward_funcs.items()},
+    }

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 from diag_synthetic import HACKING_POLICIES, Policy, run_policy
@@ -82,3 +83,25 @@ def test_fingerprints():
     fp_checker = fingerprint_checker(checker)
     assert fp_checker["name"] == "checker" and fp_checker["options"] == {"gold_column": "answer", "tolerance": 1e-6}
     assert fp_checker["source"].startswith("sha256:")
+
+
+def test_run_fingerprints_for_the_header():
+    from rlvr.diagnostics import run_fingerprints
+
+    def checker(prompts, completions, completion_ids, **kw):
+        return [0.0] * len(completions)
+
+    fp = run_fingerprints([{"prompt": "1+1=", "answer": "2"}], {"math": checker})
+    assert fp["dataset"] == fingerprint_rows([{"prompt": "1+1=", "answer": "2"}])
+    assert fp["checkers"]["math"]["name"] == "checker"
+    json.dumps(fp)  # goes straight into header.json
+
+
+def test_importing_diagnostics_does_not_load_matplotlib():
+    import subprocess
+    import sys
+
+    code = "import sys, rlvr.diagnostics; print('matplotlib' in sys.modules)"
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo).stdout
+    assert out.strip() == "False"
