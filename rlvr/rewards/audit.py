@@ -90,9 +90,18 @@ def load_cases(checker: str, cases: str | Path | None = None) -> list[dict]:
     return rows
 
 
-def audit(checker: str, rows: list[dict]) -> dict[str, Any]:
-    """Run the checker on every row; return the report as plain data."""
-    runner, _, workers = _RUNNERS[checker]
+def audit(checker: str | Callable[[dict], Verdict], rows: list[dict], workers: int | None = None) -> dict[str, Any]:
+    """Run the checker on every row; return the report as plain data.
+
+    ``checker`` is a built-in name or your own function ``case_row -> Verdict`` (the row is the
+    case's JSON object), which is how a custom checker is audited from Python.
+    """
+    if callable(checker):
+        runner, name, default_workers = checker, getattr(checker, "__name__", "custom"), 1
+    else:
+        runner, _, default_workers = _RUNNERS[checker]
+        name = checker
+    workers = workers or default_workers
 
     def one(row: dict) -> tuple[dict, Verdict | None, str | None]:
         try:
@@ -128,7 +137,7 @@ def audit(checker: str, rows: list[dict]) -> dict[str, Any]:
                 "completion": row["completion"][:160],
             })
     return {
-        "checker": checker,
+        "checker": name,
         "cases": len(rows),
         "true_positives": counts["tp"],
         "false_positives": counts["fp"],

@@ -189,6 +189,7 @@ class CodeReward(CheckerReward):
         self,
         tests_column: str = "tests",
         timeout_s: float = 5.0,
+        gold_column: str | None = None,  # alias of tests_column, for uniform configs
         memory_mb: int = 512,
         partial: bool = False,
         isolation: Isolation = "auto",
@@ -198,7 +199,7 @@ class CodeReward(CheckerReward):
         super().__init__(name)
         if timeout_s <= 0:
             raise ValueError(f"code reward: timeout_s must be > 0 seconds, got {timeout_s}")
-        self.gold_column = tests_column
+        self.gold_column = gold_column or tests_column
         self.limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
         self.partial = partial
         self.isolation = isolation
@@ -283,6 +284,9 @@ def check_code(text: str, tests: Any, *, truncated: bool = False, limits: Limits
         "killed_after_exit": sum(r.killed_after_exit for r in all_runs),
         "sandbox_seconds": sum(r.seconds for r in all_runs),
     }
+    notes = sorted({n for r in all_runs for n in r.notes})
+    if notes:
+        verdict.extra["notes"] = notes  # e.g. the rlimits fallback could not remove the network
     tamper = [o for o in outcomes if o and o.startswith("tampering")]
     if tamper:
         verdict.reason = "tampering"

@@ -214,6 +214,7 @@ def to_latex(s: str) -> str:
     for _ in range(3):
         s = re.sub(r"(?<!\\)\bsqrt\s*\(([^()]*)\)", r"\\sqrt{\1}", s)
     s = re.sub(r"(?<![\\a-zA-Z])pi\b", r"\\pi", s)
+    s = re.sub(r"(?<![\\a-zA-Z])(sin|cos|tan|cot|sec|csc|log|ln|exp)\b", r"\\\1", s)
     s = re.sub(r"(?<![\\a-zA-Z])(?:infinity|inf)\b", r"\\infty", s)
     s = s.replace("**", "^").replace("*", r"\cdot ")
     return s

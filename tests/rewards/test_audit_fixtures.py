@@ -47,3 +47,15 @@ def test_bad_case_files_are_explained(tmp_path, capsys):
     assert "gold" in capsys.readouterr().err
     assert run_audit("math", str(tmp_path / "missing.jsonl")) == 2
     assert run_audit("lean", None) == 2
+
+
+def test_audit_accepts_a_custom_checker():
+    # A checker that accepts everything: the audit must expose it through false positives.
+    from rlvr.rewards.base import Verdict
+
+    def gullible(row):
+        return Verdict(True, 1.0, reason="ok")
+
+    report = audit(gullible, load_cases("json"))
+    assert report["checker"] == "gullible"
+    assert report["false_positives"] == sum(not r["expected"] for r in load_cases("json")) > 0
