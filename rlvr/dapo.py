@@ -13,7 +13,8 @@ A group whose rewards are all equal has zero advantage everywhere and teaches no
   recur (file datasets over several epochs, or a task with a small prompt space).
 
 Accounting: ``dapo/groups_generated = dapo/groups_kept + dapo/dropped_all_pass + dapo/dropped_all_fail
-+ dapo/dropped_surplus`` for every generation batch (a test checks it).
++ dapo/dropped_surplus`` for every generation batch (a test checks it). The counters of one batch are
+logged together; with ``logging_steps > 1`` the batches between logged steps are not summed in.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class GroupFilter:
         self.history: dict[str, list[str]] = defaultdict(list)  # prompt_id -> recent outcomes
         self.draws = 0  # for the re-probe coin, seeded per draw: resumable without RNG state
         self.warned_short = False
+        self._last_outcomes: list[str] = []
         self._m: dict[str, float] = defaultdict(float)
 
     # -------------------------------------------------------------- drawing prompts
@@ -102,6 +104,7 @@ class GroupFilter:
             self._m["dapo/groups_kept"] += part.num_groups
             return part
         keep_B = [b for b, o in enumerate(outcomes) if o == "mixed"]
+        self._last_outcomes = [o for o in outcomes if o != "mixed"]
         g = self.group_size
         for b, o in enumerate(outcomes):
             if o != "mixed":
@@ -110,7 +113,19 @@ class GroupFilter:
         self._m["dapo/groups_kept"] += len(keep_B)
         return part.select_groups(keep_B)
 
-    def finalize(self, batch: Rollouts, need: int) -> Rollouts:
+    def finalize(self, batch: Rollouts, need: int, last_part: Rollouts | None = None) -> Rollouts:
+        """Cut the kept groups to `need`. If no group had spread after every round, train on the last
+        round's groups anyway: their advantages are all 0, so the step moves nothing but the KL term and
+        the schedule, and the run cannot spin forever on data the policy always (or never) solves."""
+        if batch.num_groups == 0 and last_part is not None and self.cfg.dynamic_sampling:
+            print(f"[rlvr] dynamic sampling: no group had reward spread in {self.cfg.max_generation_rounds} "
+                  "rounds; this step trains on zero-advantage groups (nothing to learn from this data now).")
+            self._m["dapo/fallback_steps"] += 1
+            for o in self._last_outcomes:  # counted as dropped by keep(); they are trained on after all
+                self._m[f"dapo/dropped_{o}"] -= 1
+            self._m["dapo/dropped_tokens"] -= sum(len(c.token_ids) for c in last_part.completions)
+            self._m["dapo/groups_kept"] += last_part.num_groups
+            batch = last_part
         if batch.num_groups > need:  # the last round over-delivered: extra groups are wasted generation
             surplus = batch.num_groups - need
             self._m["dapo/groups_kept"] -= surplus

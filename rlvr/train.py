@@ -391,10 +391,7 @@ def train(cfg: Config, console: Console | None = None, on_generation: Callable[[
             batch.extend(run.groups.keep(part))  # DAPO dynamic sampling drops zero-spread groups
             if batch.num_groups >= need:
                 break
-        batch = run.groups.finalize(batch, need)
-        if batch.num_groups == 0:
-            run.console.warn("every group of this generation batch had zero reward spread; nothing to learn, resampling")
-            continue
+        batch = run.groups.finalize(batch, need, last_part=part)
         with run.timer("advantage"):
             adv_N = advantage(run, batch)
         packed = pack(batch, run.tokenizer.pad_token_id, run.device)

@@ -17,3 +17,12 @@ def flaky(prompts, completions, completion_ids=None, **_):
 
 def wrong_length(prompts, completions, completion_ids=None, **_):
     return [1.0]
+
+
+def spread_only_for_big_a(prompts, completions, completion_ids=None, **_):
+    """Zero spread (constant 1.0) for prompts 'a+b=' with a < 5; length-based spread otherwise."""
+    return [1.0 if int(p[0]) < 5 else len(ids) / 8.0 for p, ids in zip(prompts, completion_ids)]
+
+
+def constant(prompts, completions, completion_ids=None, **_):
+    return [1.0] * len(completions)
