@@ -150,11 +150,15 @@ def main() -> None:
         payload = payload.replace("\n", "\\n")[: 1 << 20]
         _write(fd, f"{token}\t{kind}\t{index}\t{payload}\n".encode())
 
-    if spec["isolation"] == "namespaces":
-        _enter_namespaces(spec)
-    elif spec["isolation"] == "rlimits" and _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
-        emit("NOTE", -1, "no network namespace: unprivileged user namespaces unavailable")
-    _set_limits(spec["limits"])
+    try:
+        if spec["isolation"] == "namespaces":
+            _enter_namespaces(spec)
+        elif spec["isolation"] == "rlimits" and _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+            emit("NOTE", -1, "no network namespace: unprivileged user namespaces unavailable")
+        _set_limits(spec["limits"])
+    except Exception as exc:  # noqa: BLE001 - a sandbox that cannot be built must never run the program
+        emit("SETUP", -1, f"{_type(exc).__name__}: {exc}")
+        os._exit(3)
     _libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
 
     stdin_text = spec.get("stdin")

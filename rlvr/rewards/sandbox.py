@@ -28,7 +28,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -74,20 +76,55 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
 
 
+class SandboxSetupError(RuntimeError):
+    """The sandbox could not be built (not the program's fault): never scored as a wrong answer."""
+
+
+_AUTO_CHOICE: str | None = None
+_AUTO_LOCK = threading.Lock()
+
+
+def _works(isolation: str) -> bool:
+    try:
+        run = run_sandboxed("pass", [{"kind": "eval", "code": "1 + 1"}], limits=Limits(timeout_s=30), isolation=isolation)
+    except SandboxSetupError:
+        return False
+    return run.done and ("VALUE", 0, "2") in run.records
+
+
 def resolve_isolation(isolation: Isolation = "auto") -> str:
-    if isolation not in ("auto", "namespaces", "bwrap", "rlimits"):
+    """The isolation a run will use. ``auto`` probes once per process: root without
+    CAP_SYS_ADMIN (a default Docker container) cannot create namespaces, and bubblewrap may be
+    installed but blocked, so the first choice that actually runs a program wins."""
+    global _AUTO_CHOICE
+    if isolation == "auto":
+        with _AUTO_LOCK:
+            if _AUTO_CHOICE is None:
+                candidates = []
+                if os.geteuid() == 0 and sys.platform.startswith("linux"):
+                    candidates.append("namespaces")
+                if shutil.which("bwrap"):
+                    candidates.append("bwrap")
+                _AUTO_CHOICE = next((c for c in candidates if _works(c)), "rlimits")
+                if _AUTO_CHOICE == "rlimits":
+                    warnings.warn(
+                        "code sandbox: neither namespaces (needs root with CAP_SYS_ADMIN) nor bubblewrap is usable here; "
+                        "falling back to rlimits only, which cannot stop a program from signalling or reading the "
+                        "calling user's processes and files. Install bubblewrap: apt-get install bubblewrap",
+                        stacklevel=2,
+                    )
+            return _AUTO_CHOICE
+    return _explicit_isolation(isolation)
+
+
+def _explicit_isolation(isolation: str) -> str:
+    if isolation not in ("namespaces", "bwrap", "rlimits"):
         raise ValueError(f"sandbox isolation must be one of auto, namespaces, bwrap, rlimits; got {isolation!r}")
-    if isolation != "auto":
-        if isolation == "namespaces" and os.geteuid() != 0:
-            raise ValueError("sandbox isolation 'namespaces' needs root; use 'auto', 'bwrap' (apt-get install bubblewrap) or 'rlimits'")
-        if isolation == "bwrap" and shutil.which("bwrap") is None:
-            raise ValueError("sandbox isolation 'bwrap' needs bubblewrap: apt-get install bubblewrap (or use 'auto')")
-        return isolation
-    if os.geteuid() == 0 and sys.platform.startswith("linux"):
-        return "namespaces"
-    if shutil.which("bwrap"):
-        return "bwrap"
-    return "rlimits"
+    if isolation == "namespaces" and os.geteuid() != 0:
+        raise ValueError("sandbox isolation 'namespaces' needs root; use 'auto', 'bwrap' (apt-get install bubblewrap) or 'rlimits'")
+    if isolation == "bwrap" and shutil.which("bwrap") is None:
+        raise ValueError("sandbox isolation 'bwrap' needs bubblewrap: apt-get install bubblewrap (or use 'auto')")
+    return isolation
 
 
 def bwrap_argv(workdir: str) -> list[str]:
@@ -232,6 +269,12 @@ def run_sandboxed(
         shutil.rmtree(workdir, ignore_errors=True)
     result.seconds = time.monotonic() - start
     _parse_channel(channel, token, result)
+    setup = [payload for kind, idx, payload in result.records if kind == "SETUP"]
+    if setup:
+        raise SandboxSetupError(
+            f"the {chosen} sandbox could not be set up ({setup[0]}); use isolation='auto' to pick one that works here, "
+            "or install bubblewrap (apt-get install bubblewrap)"
+        )
     return result
 
 

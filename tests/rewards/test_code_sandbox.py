@@ -144,3 +144,12 @@ def test_bwrap_isolation(name):
     assert v.extra["isolation"] == "bwrap"
     assert v.correct is case["expected"], (v.reason, v.extra)
     assert _live_children_of_sandboxes() - before == set()
+
+
+def test_a_sandbox_that_cannot_be_built_raises_instead_of_scoring_zero():
+    from rlvr.rewards.sandbox import SandboxSetupError
+
+    # An open-files limit beyond what the kernel allows makes the harness's setup fail before any
+    # model code runs; that must surface as an error, not as every completion being "wrong".
+    with pytest.raises(SandboxSetupError, match="could not be set up"):
+        run_sandboxed("pass", [], limits=Limits(nofile=2**40))
