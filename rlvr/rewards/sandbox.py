@@ -256,15 +256,13 @@ def run_sandboxed(
         channel = _pump(proc, json.dumps(spec).encode(), result_r, start + limits.timeout_s, limits.output_bytes, result)
     finally:
         os.close(result_r)
-        if result.timed_out or result.output_overflow:
-            _kill_run(proc, chosen, uid, marker)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            _kill_run(proc, chosen, uid, marker)
-            proc.wait()
-        # Anything still alive now was detached from the harness (setsid, double fork).
-        result.killed_after_exit = _kill_run(proc, chosen, uid, marker)
+        # The harness has exited (still unreaped) or is being cut off. Kill before reaping: while
+        # the harness is unreaped its pid, which is also the process group id, cannot be reused,
+        # so killpg cannot hit an unrelated group.
+        killed = _kill_run(proc, chosen, uid, marker)
+        if not (result.timed_out or result.output_overflow):
+            result.killed_after_exit = killed  # detached children (setsid, double fork) that outlived it
+        proc.wait()
         result.returncode = proc.returncode
         shutil.rmtree(workdir, ignore_errors=True)
     result.seconds = time.monotonic() - start
@@ -341,7 +339,7 @@ def _pump(proc: subprocess.Popen, spec: bytes, result_r: int, deadline: float, c
                         result.output_overflow = True
             if result.output_overflow:
                 break
-            if exited or (exit_fd is None and proc.poll() is not None):
+            if exited or (exit_fd is None and _has_exited(proc.pid)):
                 _drain(buffers)
                 break
     finally:
@@ -356,6 +354,11 @@ def _pump(proc: subprocess.Popen, spec: bytes, result_r: int, deadline: float, c
     result.stdout = bytes(buffers[proc.stdout.fileno()][:cap])
     result.stderr = bytes(buffers[proc.stderr.fileno()][:cap])
     return bytes(buffers[result_r])
+
+
+def _has_exited(pid: int) -> bool:
+    # WNOWAIT: look without reaping, so the pid (and process group id) stays ours until killpg.
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
 def _drain(buffers: dict[int, bytearray]) -> None:
