@@ -292,6 +292,10 @@ def main() -> None:
     )
     model.save_pretrained(args.out, safe_serialization=True)
     tokenizer.save_pretrained(args.out)
+    # transformers 5 writes its own class name; the generic one also loads in transformers 4.x.
+    tokenizer_config = json.loads((args.out / "tokenizer_config.json").read_text())
+    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (args.out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
     recipe = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out"}
     (args.out / "recipe.json").write_text(
         json.dumps({"script": "scripts/make_tiny_model.py", "args": recipe, "measured": metrics}, indent=2) + "\n"
