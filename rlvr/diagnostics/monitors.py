@@ -214,7 +214,11 @@ def format_farming(window: Sequence[Summary], cfg: MonitorConfig) -> MonitorResu
 
 
 def length_inflation(window: Sequence[Summary], cfg: MonitorConfig) -> MonitorResult:
-    """Incorrect completions growing faster than correct ones, or length rising with flat accuracy."""
+    """Incorrect completions growing faster than correct ones, or length rising with flat accuracy.
+
+    The correct-vs-incorrect comparison uses completions that finished (not truncated); the
+    overall growth uses all of them, so running into the length limit still counts there.
+    """
     if len(window) < cfg.min_steps:
         return MonitorResult("length_inflation", None, False)
     incorrect, correct, overall = shift(window, "len_i"), shift(window, "len_c"), shift(window, "len")
@@ -231,8 +235,8 @@ def length_inflation(window: Sequence[Summary], cfg: MonitorConfig) -> MonitorRe
                 "length_inflation",
                 excess,
                 True,
-                f"length inflation: incorrect completions grew {incorrect.relative:+.0%} over the last {len(window)} "
-                f"steps (to {incorrect.after.mean:.0f} tokens), correct ones {correct.relative:+.0%}. Length is being "
+                f"length inflation: incorrect completions that finished grew {incorrect.relative:+.0%} over the last "
+                f"{len(window)} steps (to {incorrect.after.mean:.0f} tokens), correct ones {correct.relative:+.0%}. Length is being "
                 "paid for, not correctness (the GRPO length bias, Dr. GRPO): try loss_type=dr_grpo or dapo, or an "
                 "overlong penalty.",
             )

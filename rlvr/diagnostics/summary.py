@@ -159,7 +159,13 @@ def summarize_step(
     out["lengths/incorrect_mean"] = _mean(incorrect_len)
     c, i = out["lengths/correct_mean"], out["lengths/incorrect_mean"]
     out["lengths/incorrect_to_correct"] = i / c if c and i is not None else None
-    out |= moments("len", lengths) | moments("len_c", correct_len) | moments("len_i", incorrect_len)
+    # The length-inflation monitor compares completions that *finished*: a truncated length is
+    # censored at max_completion_length (a heavy tail that swamps the comparison) and, under a
+    # strict checker, always incorrect; truncation has its own monitor.
+    finished = [not is_truncated(r) for r in records]
+    out |= moments("len", lengths)
+    out |= moments("len_c", [n for n, ok, f in zip(lengths, rewarded, finished) if ok and f])
+    out |= moments("len_i", [n for n, ok, f in zip(lengths, rewarded, finished) if not ok and f])
     out |= moments("pass", [float(ok) for ok in rewarded])
 
     truncated = [is_truncated(r) for r in records]

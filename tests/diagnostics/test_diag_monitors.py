@@ -3,7 +3,7 @@
 The delays asserted here are the ones docs/diagnostics.md promises (steps after the onset of the
 behaviour, default MonitorConfig: window 10, persist 2, z 3). Measured over seeds 0-9 at
 B=8, G=8: spraying 2-3, format farming 3, truncation gaming 2-4, test tampering 2-6,
-length inflation 6-9 (incorrect completions growing ~7 % a step).
+length inflation 6-8 (incorrect completions growing ~7 % a step).
 """
 
 import pytest
