@@ -101,6 +101,7 @@ def make_completion(
     tokenizer,
     stops: Sequence[str],
     extra: dict | None = None,
+    text: str | None = None,
 ) -> Completion:
     """Build a Completion from raw sampled ids, applying stop strings and decoding the text.
 
@@ -109,6 +110,7 @@ def make_completion(
     Stop strings: the ids are cut after the token that completes the stop string (so the policy is
     trained to stop there) and the text right after the stop string, which is kept (so a format
     checker looking for ``</answer>`` still sees it; vLLM's ``include_stop_str_in_output=True``).
+    ``text``, when given, is ``token_ids`` already decoded without special tokens (callers batch-decode).
     """
     finish: FinishReason = "stop" if hit_eos else "length"
     n_keep = stop_prefix_length(token_ids, tokenizer, stops) if stops else None
@@ -116,7 +118,8 @@ def make_completion(
         token_ids = token_ids[:n_keep]
         logprobs = None if logprobs is None else logprobs[:n_keep]
         finish = "stop"
-    text = tokenizer.decode(list(token_ids), skip_special_tokens=True)
+    if text is None or n_keep is not None:
+        text = tokenizer.decode(list(token_ids), skip_special_tokens=True)
     if n_keep is not None:
         end = _first_stop_end(text, stops)
         text = text if end is None else text[:end]
@@ -147,12 +150,14 @@ def policy_eval(model: torch.nn.Module) -> Iterator[None]:
     """Sample from the live policy: eval mode (no dropout) and no autograd, then restore the previous
     mode so the trainer's next forward is unaffected. Never copies weights."""
     was_training = model.training
-    model.eval()
+    if was_training:  # .eval() walks every submodule: skip it when there is nothing to switch
+        model.eval()
     try:
         with torch.inference_mode():
             yield
     finally:
-        model.train(was_training)
+        if was_training:
+            model.train(True)
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:

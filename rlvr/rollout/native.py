@@ -71,6 +71,47 @@ def fast_path_supported(model) -> tuple[bool, str]:
     return True, ""
 
 
+def _linear(module):
+    """``F.linear`` on a plain ``nn.Linear``'s live parameters (skips ``Module.__call__``); anything
+    else (a LoRA / quantised wrapper) is called as the module it is."""
+    if type(module) is torch.nn.Linear:
+        weight, bias = module.weight, module.bias
+        return lambda x: F.linear(x, weight, bias)
+    return module
+
+
+def _rms_norm(module, dtype: torch.dtype):
+    """Fused ``F.rms_norm`` where it is bit-identical to transformers' RMSNorm (float32 activations,
+    plain ``weight * x / rms``); the module itself otherwise (bf16 casts, Gemma's 1 + w, ...)."""
+    weight, eps = getattr(module, "weight", None), getattr(module, "variance_epsilon", None)
+    if dtype == torch.float32 and type(module).__name__ in _PLAIN_RMS_NORMS and weight is not None and eps is not None:
+        shape = (weight.shape[-1],)
+        return lambda x: F.rms_norm(x, shape, weight, eps)
+    return module
+
+
+_PLAIN_RMS_NORMS = {"LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
+
+
+class _LayerOps:
+    """One decoder layer's callables, resolved once per request (live parameters, no copies)."""
+
+    def __init__(self, layer, dtype: torch.dtype):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.norm1 = _rms_norm(layer.input_layernorm, dtype)
+        self.norm2 = _rms_norm(layer.post_attention_layernorm, dtype)
+        self.q, self.k, self.v, self.o = (_linear(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
+        self.q_norm = _rms_norm(attn.q_norm, dtype) if hasattr(attn, "q_norm") else None
+        self.k_norm = _rms_norm(attn.k_norm, dtype) if hasattr(attn, "k_norm") else None
+        act = getattr(mlp, "act_fn", None)
+        plain = all(type(getattr(mlp, n, None)) is torch.nn.Linear for n in ("gate_proj", "up_proj", "down_proj"))
+        if plain and type(act).__name__ in ("SiLUActivation", "SiLU"):
+            gate, up, down = (_linear(getattr(mlp, n)) for n in ("gate_proj", "up_proj", "down_proj"))
+            self.mlp = lambda x: down(F.silu(gate(x)) * up(x))
+        else:
+            self.mlp = mlp
+
+
 class LlamaFamilyDecoder:
     """Prefill + one-token decode for Llama / Qwen2 / Qwen3 with a preallocated KV cache.
 
@@ -135,6 +176,13 @@ class LlamaFamilyDecoder:
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
             x = x + attn.o_proj(o.transpose(1, 2).reshape(B, P, self.H * self.D))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
+        # RoPE table for every position this request can reach, from the model's own rotary module
+        # (so scaled / NTK variants are honoured); the sine's first half is negated so that
+        # rotate_half(q)·sin == roll(q, D/2)·sin_signed.
+        cos_1SD, sin_1SD = self.rotary(x, torch.arange(S, device=x.device)[None])
+        self.cos_SD = cos_1SD[0]
+        self.sin_signed_SD = torch.cat((-sin_1SD[0, :, : self.D // 2], sin_1SD[0, :, self.D // 2 :]), dim=-1)
+        self.layer_ops = [_LayerOps(layer, x.dtype) for layer in self.layers]
         self.key_valid_NS = torch.ones(N, S, dtype=torch.bool, device=x.device)
         self.key_valid_NS[:, :P] = valid_BP.repeat_interleave(n, dim=0)
         self.pos_N = mask_BP.sum(-1).repeat_interleave(n, dim=0)  # next position = prompt length
@@ -142,27 +190,41 @@ class LlamaFamilyDecoder:
         return self.lm_head(self.norm(x[:, -1]))
 
     def decode(self, token_M: torch.Tensor) -> torch.Tensor:
-        """Append one token per row; returns logits_MV."""
+        """Append one token per row; returns logits_MV.
+
+        Written for few kernels per layer, because at the default task's size (a sub-million-
+        parameter model, 64 rows) dispatch, not FLOPs, is the cost: 2-D activations (no
+        transposes), RoPE from a per-request table as ``q·cos + roll(q)·sin±`` (``roll`` by D/2 with a
+        sign-folded sine is exactly transformers' ``rotate_half``), fused RMSNorm, and plain
+        ``F.linear`` where a projection is a plain ``nn.Linear`` (LoRA-wrapped ones are called as
+        modules).
+        """
         M, s = token_M.shape[0], self.cur
-        x = self.embed(token_M[:, None])  # [M, 1, E]
-        cos, sin = self.rotary(x, self.pos_N[:, None])
+        x = self.embed(token_M)  # [M, E]
+        cos_M1D = self.cos_SD.index_select(0, self.pos_N)[:, None]
+        sin_M1D = self.sin_signed_SD.index_select(0, self.pos_N)[:, None]
+        half = self.D // 2
         # Grouped-query attention without expanding K/V: the Gq query heads that share a KV head play
         # the role of SDPA's query-length axis, so one call serves every head on the unexpanded cache.
         attn_mask = self.key_valid_NS[:, None, None, : s + 1]  # [M, 1, 1, s+1]
-        for layer, kc, vc in zip(self.layers, self.k_cache, self.v_cache):
-            attn = layer.self_attn
-            q, k, v = self._qkv(attn, layer.input_layernorm(x), cos, sin)
-            kc[:, :, s] = k[:, :, 0]
-            vc[:, :, s] = v[:, :, 0]
+        for ops, kc, vc in zip(self.layer_ops, self.k_cache, self.v_cache):
+            h = ops.norm1(x)
+            q = ops.q(h).view(M, self.H, self.D)
+            k = ops.k(h).view(M, self.Hkv, self.D)
+            if ops.q_norm is not None:
+                q, k = ops.q_norm(q), ops.k_norm(k)
+            q = q * cos_M1D + q.roll(half, -1) * sin_M1D
+            kc[:, :, s] = k * cos_M1D + k.roll(half, -1) * sin_M1D
+            vc[:, :, s] = ops.v(h).view(M, self.Hkv, self.D)
             o = F.scaled_dot_product_attention(
                 q.view(M, self.Hkv, self.Gq, self.D), kc[:, :, : s + 1], vc[:, :, : s + 1],
                 attn_mask=attn_mask, scale=self.scale,
             )  # [M, Hkv, Gq, D]
-            x = x + attn.o_proj(o.reshape(M, 1, self.H * self.D))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + ops.o(o.reshape(M, self.H * self.D))
+            x = x + ops.mlp(ops.norm2(x))
         self.cur += 1
         self.pos_N = self.pos_N + 1
-        return self.lm_head(self.norm(x[:, 0]))
+        return self.lm_head(self.norm(x))
 
     def select(self, rows_M: torch.Tensor) -> None:
         """Keep only ``rows_M`` (one gather per cache tensor)."""
@@ -172,7 +234,7 @@ class LlamaFamilyDecoder:
         self.pos_N = self.pos_N.index_select(0, rows_M)
 
     def release(self) -> None:
-        self.k_cache = self.v_cache = []
+        self.k_cache = self.v_cache = self.layer_ops = []
 
 
 class HFCacheDecoder:
@@ -276,14 +338,16 @@ class NativeEngine:
             tokens_NC, logp_NC = tokens_NC.repeat_interleave(n, dim=0), logp_NC.repeat_interleave(n, dim=0)
         tokens, logps = tokens_NC.tolist(), logp_NC.tolist()
         eos = set(self.eos_ids)
-        completions = []
-        for row, (toks, lps) in enumerate(zip(tokens, logps)):
-            length = toks.index(-1) if -1 in toks else len(toks)  # -1: never generated (row had finished)
-            hit_eos = length > 0 and toks[length - 1] in eos
-            completions.append(
-                make_completion(row // n, toks[:length], lps[:length], hit_eos, self.tokenizer, sampling.stop)
+        lengths = [toks.index(-1) if -1 in toks else len(toks) for toks in tokens]  # -1: row had finished
+        ids = [toks[:length] for toks, length in zip(tokens, lengths)]
+        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)  # one call, not N
+        return [
+            make_completion(
+                row // n, row_ids, lps[: len(row_ids)], bool(row_ids) and row_ids[-1] in eos,
+                self.tokenizer, sampling.stop, text=text,
             )
-        return completions
+            for row, (row_ids, lps, text) in enumerate(zip(ids, logps, texts))
+        ]
 
     def _sample(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams):
         """Decode loop. Returns ``tokens_NC`` (-1 after a row finished) and ``logp_NC``."""
