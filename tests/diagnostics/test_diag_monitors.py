@@ -14,6 +14,7 @@ from diag_synthetic import (
     const,
     first_warning,
     lenient_numbers_checker,
+    ramp,
     run_policy,
     strict_checker,
     switch,
@@ -62,6 +63,29 @@ def test_healthy_run_raises_nothing(B, G, seed):
         fired += warnings
         assert metrics["hacking/warnings"] == 0.0
     assert fired == [] and messages == []
+
+
+HEALTHY_VARIANTS = {
+    "fast_learning": lambda: Policy(
+        p_correct=ramp(0.1, 0.9, 0, 20),
+        len_correct=ramp(200, 120, 0, 20),
+        len_incorrect=ramp(220, 140, 0, 20),
+        p_format_if_correct=ramp(0.2, 1, 0, 10),
+        p_format_if_incorrect=ramp(0.2, 1, 0, 10),
+    ),
+    "plateau": lambda: Policy(p_correct=const(0.5), p_format_if_correct=const(1.0), p_format_if_incorrect=const(0.9)),
+    "slow_length_growth": lambda: Policy(
+        p_correct=const(0.4), len_correct=ramp(120, 200, 0, 80), len_incorrect=ramp(140, 230, 0, 80)
+    ),
+    "truncation_falling": lambda: Policy(p_truncate_incorrect=ramp(0.3, 0.02, 0, 30)),
+    "hard_task": lambda: Policy(p_correct=const(0.03), p_truncate_incorrect=const(0.1)),
+}
+
+
+@pytest.mark.parametrize("variant", list(HEALTHY_VARIANTS))
+def test_other_healthy_dynamics_are_quiet(variant):
+    _, trace = run_policy(HEALTHY_VARIANTS[variant](), 80, seed=1)
+    assert [w for _, _, ws in trace for w in ws] == []
 
 
 def test_healthy_lenient_checker_and_code_runs_are_quiet():
