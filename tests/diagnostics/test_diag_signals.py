@@ -49,6 +49,8 @@ def test_tamper_signals_on_programs():
     honest = "```python\ndef add(a, b):\n    return a + b\n```"
     assert looks_like_code(honest) and tamper_signals(honest) == []
     assert tamper_signals("import sys\ndef f():\n    sys.exit(0)") == ["exit_call"]
+    assert tamper_signals("def f():\n    raise SystemExit(0)") == ["exit_call"]
+    assert tamper_signals("getattr(__import__('s' + 'ys'), 'exit')") == ["introspection"]
     assert tamper_signals("class A:\n    def __eq__(self, o):\n        return True") == ["eq_override"]
     assert tamper_signals("import unittest\n") == ["test_framework"]
     assert tamper_signals("f = sys._getframe(1).f_locals['expected']") == ["introspection"]
