@@ -24,7 +24,7 @@ class Rollouts:
     completions: list[Completion] = field(default_factory=list)  # N, grouped contiguously
     rewards_NK: torch.Tensor | None = None  # float64, NaN = not scorable
     verdicts: list[Verdict | None] = field(default_factory=list)  # N
-    policy_version: int = 0  # optimizer step whose weights sampled these (for stale samplers)
+    policy_lag: int = 0  # optimizer steps the sampling weights were behind the policy (stale samplers)
 
     @property
     def num_groups(self) -> int:
@@ -38,6 +38,7 @@ class Rollouts:
         self.prompt_ids += other.prompt_ids
         self.completions += other.completions
         self.verdicts += other.verdicts
+        self.policy_lag = max(self.policy_lag, other.policy_lag)
         if other.rewards_NK is not None:
             self.rewards_NK = (other.rewards_NK if self.rewards_NK is None
                                else torch.cat([self.rewards_NK, other.rewards_NK]))
@@ -52,7 +53,7 @@ class Rollouts:
             completions=[self.completions[i] for i in idx_N],
             rewards_NK=None if self.rewards_NK is None else self.rewards_NK[idx_N],
             verdicts=[self.verdicts[i] for i in idx_N] if self.verdicts else [],
-            policy_version=self.policy_version,
+            policy_lag=self.policy_lag,
         )
 
     def truncated_N(self) -> list[bool]:

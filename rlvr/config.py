@@ -297,6 +297,12 @@ class Config(_Section):
                 problems.append(f"unknown data.task {self.data.task!r}; valid choices: {', '.join(TASKS.names())}")
         if self.data.path is not None and not self.rewards:
             problems.append("a dataset from data.path needs `rewards:` (e.g. [{name: math}])")
+        if self.rollout.backend == "openai" and not self.rollout.allow_stale_sampler:
+            problems.append(
+                "rollout.backend=openai samples from a server that holds its own weights (a stale policy); "
+                "set rollout.allow_stale_sampler=true to accept that (the lag is logged and corrected by "
+                "importance sampling; engine_options.reload_every=k bounds it)"
+            )
         if self.algo.epsilon >= 1.0:
             problems.append(f"algo.epsilon {self.algo.epsilon} must be < 1 (the ratio is clipped at 1 - epsilon)")
         if problems:

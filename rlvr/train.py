@@ -80,7 +80,7 @@ def rollout(run: Run, num_prompts: int) -> Rollouts:
                               stop=tuple(r.stop), seed=cfg.train.seed * 1_000_003 + run.generation)
     run.generation += 1
     completions = run.engine.generate(prompt_ids, g, sampling)
-    return Rollouts(g, rows, prompt_ids, completions, policy_version=run.engine_version)
+    return Rollouts(g, rows, prompt_ids, completions, policy_lag=run.step - run.engine_version)
 
 
 def reward(run: Run, batch: Rollouts) -> None:
@@ -201,13 +201,13 @@ def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, old_NT: torch.Ten
 
 
 def sync(run: Run) -> None:
-    """Hand new weights to an engine that keeps its own copy (vLLM); live engines need nothing."""
-    if run.engine.samples_live_policy:
-        run.engine_version = run.step
-        return
-    if getattr(run.engine, "accepts_weights", True):
+    """Hand new weights to an engine that keeps its own copy (vLLM); live engines need nothing. A stale
+    server (``policy_lag`` attribute) only counts the step, or reloads an export every k steps."""
+    if not run.engine.samples_live_policy:
         run.engine.load_weights((n, p.detach()) for n, p in run.model.named_parameters())
-        run.engine_version = run.step
+        if getattr(run.engine, "policy_lag", 0) > 0:
+            return  # the engine still serves older weights: engine_version stays where it was
+    run.engine_version = run.step
 
 
 def batch_metrics(run: Run, batch: Rollouts, adv_N: torch.Tensor) -> dict[str, float]:
@@ -227,7 +227,7 @@ def batch_metrics(run: Run, batch: Rollouts, adv_N: torch.Tensor) -> dict[str, f
         "completions/clipped_ratio": trunc.double().mean().item(),
         "completions/mean_terminated_length": lengths[~trunc].mean().item() if (~trunc).any() else 0.0,
         "num_tokens": lengths.sum().item(),
-        "policy_lag": float(run.step - batch.policy_version),
+        "policy_lag": float(batch.policy_lag),
     }
     for j, rf in enumerate(run.reward_fns):
         col = rewards_NK[:, j]
@@ -296,9 +296,13 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
     model = load_model(cfg, device)
     # beta = 0 loads no reference model (TRL default); with LoRA the base model is the reference.
     ref_model = load_model(cfg, device, trainable=False) if cfg.algo.beta > 0 and not cfg.model.lora.enabled else None
-    engine = make_engine(cfg.rollout.backend, model, tokenizer, **cfg.rollout.engine_options)
-    if not engine.samples_live_policy and not getattr(engine, "accepts_weights", True) \
-            and not cfg.rollout.allow_stale_sampler:
+    engine_options = dict(cfg.rollout.engine_options)
+    if cfg.rollout.backend == "openai":  # policy exports for a reloading server live in the run folder
+        engine_options.setdefault("export_dir", str(run_dir / "policy-exports"))
+        Path(engine_options["export_dir"]).mkdir(parents=True, exist_ok=True)
+    engine = make_engine(cfg.rollout.backend, model, tokenizer, **engine_options)
+    # Engines that can lag behind the policy expose `policy_lag` (an OpenAI-compatible server).
+    if hasattr(engine, "policy_lag") and not cfg.rollout.allow_stale_sampler:
         raise ValueError(
             f"rollout backend {cfg.rollout.backend!r} cannot receive new weights, so it would sample from a "
             "stale policy. Set rollout.allow_stale_sampler=true to accept that (the lag is logged as policy_lag "
