@@ -7,7 +7,9 @@
               preallocated KV cache, finished rows dropped). Live policy. The default.
 - ``openai``  any OpenAI-compatible ``/v1/completions`` server (llama.cpp, vLLM, SGLang, ...). Holds
               its own weights: a *stale* sampler unless it is told to reload (see docs/rollout.md).
-- ``vllm``    vLLM, ``mode="colocate"`` (in-process) or ``mode="server"``; needs ``pip install rlvr[vllm]``.
+- ``vllm``    vLLM colocated in-process (``mode="colocate"``, the default) or as a server
+              (``mode="server"``); needs ``pip install 'rlvr[vllm]'``.
+- ``vllm-server``  the same as ``vllm`` with ``mode="server"``.
 
 Engines are plain classes, not a registry: there are four and the trainer never extends them.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 from rlvr.rollout.base import Completion, FinishReason, RolloutEngine, SamplingParams
 from rlvr.rollout.mismatch import check_mismatch, logprob_mismatch_metrics
 
-ENGINE_NAMES: tuple[str, ...] = ("hf", "native", "openai", "vllm")
+ENGINE_NAMES: tuple[str, ...] = ("hf", "native", "openai", "vllm", "vllm-server")
 
 
 def make_engine(name: str, model, tokenizer, **options) -> RolloutEngine:
@@ -33,9 +35,11 @@ def make_engine(name: str, model, tokenizer, **options) -> RolloutEngine:
         from rlvr.rollout.native import NativeEngine as cls
     elif name == "openai":
         from rlvr.rollout.openai import OpenAICompletionsEngine as cls
-    elif name == "vllm":
+    elif name in ("vllm", "vllm-server"):
         from rlvr.rollout.vllm import make_vllm_engine
 
+        if name == "vllm-server":
+            options = {"mode": "server", **options}
         return make_vllm_engine(model, tokenizer, **options)
     else:
         raise ValueError(

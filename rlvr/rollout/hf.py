@@ -42,6 +42,7 @@ class HFEngine:
     """Samples from the live policy with ``model.generate``. ``samples_live_policy = True``."""
 
     samples_live_policy = True
+    receives_weights = True  # trivially: it *is* the policy
 
     def __init__(self, model, tokenizer, eos_token_ids: int | Sequence[int] | None = None):
         self.model = model

@@ -299,6 +299,7 @@ class NativeEngine:
     """
 
     samples_live_policy = True
+    receives_weights = True  # trivially: it *is* the policy
 
     def __init__(
         self,

@@ -55,6 +55,9 @@ class OpenAICompletionsEngine:
     """Rollouts from an OpenAI-compatible completions server. ``samples_live_policy = False``."""
 
     samples_live_policy = False
+    #: False: ``load_weights`` cannot make the server current (a reload, when configured, lands only
+    #: every ``reload_every`` steps), so the trainer must require ``allow_stale_sampler: true``.
+    receives_weights = False
 
     def __init__(
         self,

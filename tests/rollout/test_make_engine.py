@@ -6,7 +6,7 @@ from rlvr.rollout import ENGINE_NAMES, RolloutEngine, SamplingParams, make_engin
 
 
 def test_engine_names_cover_the_backends():
-    assert set(ENGINE_NAMES) == {"hf", "native", "openai", "vllm"}
+    assert set(ENGINE_NAMES) == {"hf", "native", "openai", "vllm", "vllm-server"}
 
 
 def test_unknown_engine_lists_valid_names(llama_and_tok):
@@ -17,10 +17,17 @@ def test_unknown_engine_lists_valid_names(llama_and_tok):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
-def test_vllm_without_vllm_names_the_extra(llama_and_tok):
+@pytest.mark.parametrize("name", ["vllm", "vllm-server"])
+def test_vllm_without_vllm_names_the_extra(llama_and_tok, name):
     model, tok = llama_and_tok
     with pytest.raises(ImportError, match=r"pip install 'rlvr\[vllm\]'"):
-        make_engine("vllm", model, tok)
+        make_engine(name, model, tok)
+
+
+def test_unknown_vllm_mode(llama_and_tok):
+    model, tok = llama_and_tok
+    with pytest.raises(ValueError, match="colocate, server"):
+        make_engine("vllm", model, tok, mode="remote")
 
 
 @pytest.mark.parametrize("name", ["hf", "native"])
