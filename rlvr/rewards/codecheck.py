@@ -34,7 +34,9 @@ from typing import Any, Sequence
 from rlvr.rewards.base import REWARDS, CheckerReward, Verdict, completion_text, row_columns
 from rlvr.rewards.sandbox import Isolation, Limits, NotLiteral, RunResult, literal_value, run_sandboxed
 
-_FENCE_RE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.S)
+# Info string and body as two plain groups: patterns with adjacent overlapping runs (``[ \t]*``,
+# ``[\w+-]*``, ``[^\n]*``) backtrack quadratically on a long unterminated first line.
+_FENCE_RE = re.compile(r"```([^\n]*)\n(.*?)```", re.S)
 MAX_CODE_CHARS = 100_000
 
 _OPS = {
@@ -71,7 +73,7 @@ def extract_code(text: str) -> tuple[str | None, str, int]:
         return None, "unclosed_think", 0
     text = text.rsplit("</think>", 1)[-1]
     blocks = _FENCE_RE.findall(text)
-    python_blocks = [b for lang, b in blocks if lang.lower() in ("", "python", "py", "python3")]
+    python_blocks = [b for info, b in blocks if (info.split() or [""])[0].lower() in ("", "python", "py", "python3")]
     if python_blocks:
         return python_blocks[-1], "fenced", len(python_blocks)
     if blocks:

@@ -27,7 +27,7 @@ from jsonschema.validators import validator_for
 from rlvr.rewards.base import REWARDS, CheckerReward, Verdict
 
 MAX_JSON_CHARS = 1 << 20
-_FENCE_RE = re.compile(r"```[ \t]*(json|JSON)?[ \t]*\n(.*?)```", re.S)
+_FENCE_RE = re.compile(r"```([^\n]*)\n(.*?)```", re.S)  # info string parsed in Python: no backtracking
 _ANSWER_RE = re.compile(r"(?s)<answer>(.*?)</answer>")
 
 
@@ -76,9 +76,9 @@ def extract_json_text(text: str) -> tuple[str | None, str]:
         return None, "multiple_answers"
     if tags:
         return tags[0], "answer_tag"
-    fences = _FENCE_RE.findall(text)
+    fences = [body for info, body in _FENCE_RE.findall(text) if info.strip().lower() in ("", "json", "jsonc", "json5")]
     if fences:
-        return fences[-1][1], "fenced"
+        return fences[-1], "fenced"
     return (text if text.strip() else None), "whole"
 
 

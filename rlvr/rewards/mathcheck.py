@@ -32,13 +32,20 @@ from rlvr.rewards.symbolic import get_pool
 # Extraction
 # ---------------------------------------------------------------------------------------------
 
+# Every pattern here is linear in the completion: no lazy group followed by an optional run
+# (``(.+?)\s*$`` is quadratic on a line of spaces), no ``\s``/``\W`` runs that cross lines.
 _ANCHOR_RE = re.compile(
-    r"(?im)(?:\bfinal\s+answer|\bthe\s+answer|^\W*answer)\W{0,4}?\s*(?:is\b|:|=)[\s:*]*(.+?)\s*$"
+    r"(?im)(?:\bfinal[ \t]+answer|\bthe[ \t]+answer|^[^\w\n]{0,8}answer)[^\w\n]{0,4}?[ \t]*(?:is\b|:|=)[ \t:*]*([^\n]*)"
 )
-_HASHES_RE = re.compile(r"(?m)^\s*####\s*(.+?)\s*$")
+_HASHES_RE = re.compile(r"(?m)^[ \t]*####[ \t]*([^\n]*)")
 _ANSWER_TAG_RE = re.compile(r"(?s)<answer>(.*?)</answer>")
-_BOX_START_RE = re.compile(r"\\(?:boxed|fbox)\s*")
+_BOX_START_RE = re.compile(r"\\(?:boxed|fbox)[ \t]*")
+_TOKEN_RE = re.compile(r"[^\s$]+")
+_BRACE_RE = re.compile(r"[{}]")
 _SHORT_ANSWER_MAX = 60  # chars: a bare completion longer than this is prose, not an answer
+MAX_ANSWER_CHARS = 1000  # a final answer longer than this is not one (and is never normalised)
+MAX_BOXES = 20  # more boxes than this is spraying whatever they hold
+MAX_COMPLETION_CHARS = 400_000  # ~100k tokens; longer text is rejected before any parsing
 
 
 @dataclass(frozen=True)
@@ -49,24 +56,23 @@ class Candidate:
 
 def _boxed_contents(text: str) -> list[str]:
     """Contents of every ``\\boxed{...}`` / ``\\fbox{...}`` with balanced braces (unbalanced ones
-    are dropped: a box cut off by truncation is not an answer)."""
+    are dropped: a box cut off by truncation is not an answer). At most ``MAX_BOXES + 1`` boxes
+    are read, each scanned over at most ``MAX_ANSWER_CHARS`` characters, so the cost is bounded."""
     found = []
-    for m in _BOX_START_RE.finditer(text):
+    for n, m in enumerate(_BOX_START_RE.finditer(text)):
+        if n > MAX_BOXES:
+            break
         i = m.end()
         if i < len(text) and text[i] == "{":
-            depth, j = 0, i
-            while j < len(text):
-                if text[j] == "{":
-                    depth += 1
-                elif text[j] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        found.append(text[i + 1 : j])
-                        break
-                j += 1
-        else:  # "\boxed 5": the next token
-            tok = re.match(r"[^\s$]+", text[i:])
-            if tok and m.group(0).endswith(" "):
+            depth = 0
+            for brace in _BRACE_RE.finditer(text, i, i + MAX_ANSWER_CHARS + 2):
+                depth += 1 if brace.group(0) == "{" else -1
+                if depth == 0:
+                    found.append(text[i + 1 : brace.start()])
+                    break
+        elif m.group(0).endswith(" "):  # "\boxed 5": the next token
+            tok = _TOKEN_RE.match(text, i, i + MAX_ANSWER_CHARS)
+            if tok:
                 found.append(tok.group(0))
     return found
 
@@ -96,9 +102,9 @@ def extract_candidates(text: str) -> tuple[list[Candidate], str]:
     outside = _ANSWER_TAG_RE.sub(" ", text)
     cands += [Candidate("boxed", b) for b in _boxed_contents(outside)]
     # An anchor line that holds a \boxed{} is the same statement as the box, already counted.
-    anchors = [a for a in _ANCHOR_RE.findall(outside) if not _BOX_START_RE.search(a)]
+    anchors = [a[: MAX_ANSWER_CHARS + 1] for a in _ANCHOR_RE.findall(outside) if not _BOX_START_RE.search(a)]
     cands += [Candidate("answer_anchor", a) for a in map(_clip_anchor, anchors) if _answer_like(a)]
-    cands += [Candidate("####", _clip_anchor(h)) for h in _HASHES_RE.findall(outside)]
+    cands += [Candidate("####", _clip_anchor(h[: MAX_ANSWER_CHARS + 1])) for h in _HASHES_RE.findall(outside)]
     if not cands:
         bare = text.strip()
         # "x = 2" is an answer; "5 + 13 = 18" is working: only "<letter> =" may hold an "=".
@@ -189,8 +195,15 @@ def numeric_value(s: str) -> tuple[Fraction | None, bool]:
     return None, percent
 
 
+def distinct_answers(cands: list[Candidate]) -> list[tuple]:
+    """Distinct answer keys, normalising each distinct raw text once (20k copies of one line cost one)."""
+    return list(dict.fromkeys(answer_key(t) for t in dict.fromkeys(c.text for c in cands)))
+
+
 def answer_key(s: str) -> tuple:
     """Identity of an answer for counting distinct candidates: its value when it is a number."""
+    if len(s) > MAX_ANSWER_CHARS:
+        return ("long", s)  # never normalised: over-long "answers" are rejected anyway
     norm = normalize_answer(s)
     value, percent = numeric_value(norm)
     if value is not None:
@@ -332,13 +345,15 @@ def _join_alternatives(answer: str) -> str:
 
 def check_math(text: str, gold: Any, *, truncated: bool = False, timeout_s: float = 5.0) -> Verdict:
     """The verdict for one completion against one gold answer (pure apart from the worker pool)."""
+    if len(text) > MAX_COMPLETION_CHARS:
+        return Verdict(False, 0.0, reason="completion_too_long", extra={"chars": len(text)})
     cands, why = extract_candidates(text)
-    keys = list(dict.fromkeys(answer_key(c.text) for c in cands))
+    keys = distinct_answers(cands)
     first = cands[0] if cands else None
     verdict = Verdict(
         correct=False,
         reward=0.0,
-        extracted=normalize_answer(first.text) if first else None,
+        extracted=(normalize_answer(first.text) if len(first.text) <= MAX_ANSWER_CHARS else first.text[:80] + "...") if first else None,
         path=first.path if first else "",
         n_candidates=len(keys),
     )
@@ -348,7 +363,9 @@ def check_math(text: str, gold: Any, *, truncated: bool = False, timeout_s: floa
         verdict.reason = why
     elif len(keys) > 1:
         verdict.reason = "multiple_answers"
-        verdict.extra["candidates"] = [normalize_answer(c.text) for c in cands][:10]
+        verdict.extra["candidates"] = [c.text[:80] for c in cands][:10]
+    elif len(first.text) > MAX_ANSWER_CHARS:
+        verdict.reason = "answer_too_long"
     else:
         gold_text = gold_answer(gold)
         answer = _join_alternatives(first.text) if _is_list(gold_text) else first.text

@@ -157,3 +157,32 @@ def test_real_symbolic_stall_times_out_off_the_main_thread():
     assert fn.stats["timeout"] == 1
     # the pool replaced the killed worker: the next comparison works
     assert fn(None, ["\\boxed{x^2+2x+1}"], None, answer=["(x+1)^2"]) == [1.0]
+
+
+_REDOS = {
+    # Each of these took minutes (quadratic regex backtracking or per-box rescans) before the
+    # patterns were made linear; now each is milliseconds. 1 s leaves room for a loaded machine.
+    "line_of_spaces": "Answer: x" + " " * 100_000 + "y",
+    "non_word_lines": "*\n" * 50_000 + "answer",
+    "unclosed_boxes": "\\boxed{" * 30_000,
+    "many_anchors": "Answer: 1\n" * 20_000,
+    "long_hash_line": "#### " + "1 " * 50_000,
+    "deep_braces": "\\boxed{" + "{" * 50_000 + "}" * 50_000 + "}",
+}
+
+
+@pytest.mark.parametrize("name", list(_REDOS))
+def test_extraction_time_is_bounded_on_adversarial_text(name):
+    import time
+
+    from rlvr.rewards.codecheck import extract_code
+    from rlvr.rewards.jsoncheck import extract_json_text
+    from rlvr.rewards.mathcheck import distinct_answers
+
+    text = _REDOS[name]
+    start = time.perf_counter()
+    cands, _ = extract_candidates(text)
+    distinct_answers(cands)
+    extract_code("```" + text)
+    extract_json_text("```" + text)
+    assert time.perf_counter() - start < 1.0
