@@ -230,6 +230,10 @@ def run_sandboxed(
         "TMPDIR": "/tmp/work" if chosen == "namespaces" else workdir,
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONHASHSEED": "0",
+        # Thread pools of numeric libraries count against RLIMIT_NPROC: one thread each.
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
         "RLVR_SANDBOX": marker,
     }
     argv = [sys.executable, "-I", str(HARNESS_PATH)]
