@@ -139,7 +139,10 @@ def report_cmd(run_dir: str = typer.Argument(..., help="A run folder.")) -> None
 
     if not Path(run_dir).is_dir():
         _fail(f"{run_dir!r} is not a run folder")
-    typer.echo(str(write_report(run_dir)))
+    try:
+        typer.echo(str(write_report(run_dir)))
+    except FileNotFoundError as e:
+        _fail(str(e))
 
 
 def main() -> None:

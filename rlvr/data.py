@@ -79,6 +79,13 @@ class PromptStream:
         self.position += n
         return rows
 
+    def peek(self, n: int) -> list[dict]:
+        """The first n rows of the stream, without moving it (a fresh iterator)."""
+        if self._rows is not None:
+            return [dict(r) for r in self._rows]
+        it = self._iterate()
+        return [next(it) for _ in range(n)]
+
     def state_dict(self) -> dict[str, Any]:
         return {"position": self.position}
 

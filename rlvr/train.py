@@ -285,6 +285,7 @@ def log(run: Run, batch: Rollouts, adv_N: torch.Tensor, step_metrics: list[dict[
 
 def setup(cfg: Config, console: Console | None = None) -> Run:
     from rlvr.diagnostics import Diagnostics
+    from rlvr.diagnostics.header import run_fingerprints
 
     console = console or Console(enabled=cfg.log.progress)
     run_dir = Path(cfg.log.output_dir)
@@ -324,7 +325,11 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
                               reward_funcs={rf.name: rf.fn for rf in reward_fns},
                               record_rollouts=cfg.log.record_rollouts,
                               samples_per_class=cfg.log.samples_per_class, console=console.raw)
-    write_run_header(run_dir, cfg, {"rewards": [rf.name for rf in reward_fns], "device": str(device)})
+    # Fingerprints say which data and checkers made this run: a file dataset whole, a task's stream by
+    # its first 1,000 rows (same seed and options => same stream), plus the held-out rows.
+    fp_rows = stream.peek(1000) + eval_rows(cfg)
+    write_run_header(run_dir, cfg, {"rewards": [rf.name for rf in reward_fns], "device": str(device),
+                                    **run_fingerprints(fp_rows, {rf.name: rf.fn for rf in reward_fns})})
     return Run(cfg, run_dir, device, model, ref_model, tokenizer, engine, reward_fns, stream, optimizer,
                scheduler, diagnostics,
                GroupFilter(cfg.dapo, cfg.rollout.num_generations, cfg.train.seed,
