@@ -47,3 +47,17 @@ def test_overlong_rejects_bad_options():
         REWARDS.get("overlong")(max_completion_length=10, buffer=20)
     with pytest.raises(ValueError, match="completion_ids"):
         REWARDS.get("overlong")(max_completion_length=10)(None, ["x"], None)
+
+
+def test_every_builtin_accepts_trls_keyword_call():
+    # TRL calls reward_func(prompts=..., completions=..., completion_ids=..., **dataset_columns,
+    # trainer_state=...); rlvr adds truncated=[...]. Every built-in must take exactly that.
+    import rlvr.rewards  # noqa: F401  (registration)
+
+    kwargs = dict(prompts=["p", "p"], completions=["<think>a</think><answer>4</answer>", [{"role": "assistant", "content": "\\boxed{5}"}]],
+                  completion_ids=[[1, 2, 3], [1] * 9], answer=["4", "4"], trainer_state=object(), truncated=[False, False])
+    assert REWARDS.get("math")()(**kwargs) == [1.0, 0.0]
+    assert REWARDS.get("format")()(**kwargs) == [1.0, 0.0]
+    assert REWARDS.get("overlong")(max_completion_length=10, buffer=4)(**kwargs) == pytest.approx([0.0, -0.75])
+    assert REWARDS.get("json_schema")(schema={"type": "object"})(**kwargs) == [0.0, 0.0]
+    assert {"math", "code", "json_schema", "format", "overlong"} <= set(REWARDS.names())
