@@ -367,7 +367,8 @@ class NativeEngine:
         seen_MV = None
         if sampler.use_penalty:
             seen_BV = torch.zeros(B, vocab_size, dtype=torch.bool, device=device)
-            seen_BV.scatter_(1, ids_BP, mask_BP.bool())
+            for b, p in enumerate(prompt_ids):  # real tokens only: the pad id may also be a real token
+                seen_BV[b, torch.tensor(p, device=device)] = True
             seen_MV = seen_BV.repeat_interleave(n, dim=0)
 
         decoder = self._decoder()
