@@ -186,3 +186,25 @@ def test_extraction_time_is_bounded_on_adversarial_text(name):
     extract_code("```" + text)
     extract_json_text("```" + text)
     assert time.perf_counter() - start < 1.0
+
+
+def test_numeric_forms_property():
+    # For random integers, every form of the gold is accepted and every form of a different
+    # number — including the ±1, ×10, ×100 and /100 decoys — is rejected. Fast path only.
+    import random
+
+    rng = random.Random(1234)
+    forms = [
+        lambda n: str(n),
+        lambda n: f"{n:,}",
+        lambda n: f"{n}.0",
+        lambda n: f"\\frac{{{2 * n}}}{{2}}",
+        lambda n: f"{n} apples",
+        lambda n: f"\\${n:,}",
+    ]
+    for _ in range(150):
+        gold = rng.randint(-10**7, 10**7)
+        form = rng.choice(forms)
+        assert check_math(f"The answer is {form(gold)}.", str(gold)).reward == 1.0, form(gold)
+        for decoy in {gold + 1, gold - 1, gold * 10, gold * 100, -gold} - {gold}:
+            assert check_math(f"\\boxed{{{form(decoy)}}}", str(gold)).reward == 0.0, (form(decoy), gold)
