@@ -208,6 +208,10 @@ class TrainConfig(_Section):
     )
     max_steps: int = Field(100, ge=1, description="Optimizer steps to run.")
     seed: int = Field(42, description="Seed for data order, sampling and initialisation.")
+    num_threads: int | None = Field(
+        None, ge=1, description="CPU threads for torch (None = torch's default, one per core). Tiny models "
+        "gain little from more threads, and a busy machine makes extra threads spin: 1 is often fastest."
+    )
 
     @property
     def spg(self) -> int:

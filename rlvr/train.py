@@ -290,6 +290,8 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
     console = console or Console(enabled=cfg.log.progress)
     run_dir = Path(cfg.log.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.train.num_threads is not None:
+        torch.set_num_threads(cfg.train.num_threads)
     random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
