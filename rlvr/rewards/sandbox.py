@@ -267,6 +267,8 @@ def run_sandboxed(
         if not (result.timed_out or result.output_overflow):
             result.killed_after_exit = killed  # detached children (setsid, double fork) that outlived it
         proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            stream.close()
         result.returncode = proc.returncode
         shutil.rmtree(workdir, ignore_errors=True)
     result.seconds = time.monotonic() - start
