@@ -12,7 +12,7 @@ same number): Bessel-corrected (ddof=1) std, and the 1e-4 epsilon *added* to the
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 

@@ -61,7 +61,8 @@ def sampler_importance_weights(
     if old_logp_NT.shape != sampler_logp_NT.shape or old_logp_NT.shape != mask_NT.shape:
         raise ValueError(
             f"old_logp_NT {tuple(old_logp_NT.shape)}, sampler_logp_NT {tuple(sampler_logp_NT.shape)} and mask_NT "
-            f"{tuple(mask_NT.shape)} must have the same [N, T] shape (pad the sampler's log-probs like the completions)."
+            f"{tuple(mask_NT.shape)} must have the same [N, T] shape (pad the sampler's log-probs like the "
+            "completions)."
         )
     old_logp_NT = old_logp_NT.detach()
     mask = mask_NT.to(old_logp_NT.dtype)
@@ -117,7 +118,9 @@ def high_entropy_mask(
     several processes, compute the threshold from the gathered entropies yourself and pass ``threshold=``.
     """
     if not 0.0 <= top_entropy_quantile <= 1.0:
-        raise ValueError(f"top_entropy_quantile must be in [0, 1] (0.2 is the paper's value); got {top_entropy_quantile}.")
+        raise ValueError(
+            f"top_entropy_quantile must be in [0, 1] (0.2 is the paper's value); got {top_entropy_quantile}."
+        )
     active = mask_NT.bool()
     if threshold is None:
         # NaN-out padding and take nanquantile: same value as TRL's quantile of entropy[mask] (in float32),

@@ -13,7 +13,7 @@ backward: peak extra memory is one float32 chunk (``chunk_elements``), not the f
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -75,7 +75,9 @@ def token_logprobs(
     relative to the model's input). Float32 result for half/bfloat16/float32 logits, float64 for float64.
     """
     if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 (the sampling temperature the completions were drawn at); got {temperature}.")
+        raise ValueError(
+            f"temperature must be > 0 (the sampling temperature the completions were drawn at); got {temperature}."
+        )
     if logits_NTV.shape[:-1] != ids_NT.shape:
         raise ValueError(
             f"logits {tuple(logits_NTV.shape)} and ids {tuple(ids_NT.shape)} disagree: logits must be [N, T, V] "

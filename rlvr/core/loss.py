@@ -166,7 +166,11 @@ def policy_loss(
             f"logp_NT {tuple(logp_NT.shape)} and mask_NT {tuple(mask_NT.shape)} must both be [N, T] "
             "(one row per completion, one column per completion token)."
         )
-    for name, other in (("old_logp_NT", old_logp_NT), ("ref_logp_NT", ref_logp_NT), ("sampler_logp_NT", sampler_logp_NT)):
+    for name, other in (
+        ("old_logp_NT", old_logp_NT),
+        ("ref_logp_NT", ref_logp_NT),
+        ("sampler_logp_NT", sampler_logp_NT),
+    ):
         if other is not None and other.shape != logp_NT.shape:
             raise ValueError(f"{name} has shape {tuple(other.shape)} but logp_NT has {tuple(logp_NT.shape)}.")
     if adv_N.shape[0] != logp_NT.shape[0]:
@@ -215,7 +219,9 @@ def policy_loss(
     if top_entropy_quantile < 1.0:
         if entropy_NT is None:
             raise ValueError("top_entropy_quantile < 1 masks tokens by entropy, so entropy_NT is required.")
-        per_token_loss = per_token_loss * high_entropy_mask(entropy_NT, mask_NT, top_entropy_quantile, entropy_threshold)
+        per_token_loss = per_token_loss * high_entropy_mask(
+            entropy_NT, mask_NT, top_entropy_quantile, entropy_threshold
+        )
     if sampler_is_weights_NT is not None:
         per_token_loss = per_token_loss * sampler_is_weights_NT.detach()
 
@@ -229,9 +235,7 @@ def policy_loss(
     loss = aggregate(per_token_loss, mask, geometry)
 
     with torch.no_grad():
-        metrics: dict[str, torch.Tensor] = {
-            name: _masked_mean(flag, mask) for name, flag in clip_indicators.items()
-        }
+        metrics: dict[str, torch.Tensor] = {name: _masked_mean(flag, mask) for name, flag in clip_indicators.items()}
         if "clip_ratio/low_mean" in clip_indicators:
             low_N = _per_sequence_mean(clip_indicators["clip_ratio/low_mean"], mask)
             high_N = _per_sequence_mean(clip_indicators["clip_ratio/high_mean"], mask)

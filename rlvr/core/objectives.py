@@ -10,8 +10,9 @@ for per-token advantages); both broadcast against ``logp_NT``. An objective retu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 

@@ -81,11 +81,20 @@ def test_aggregations_by_hand():
     for name, value in expected.items():
         loss, _ = policy_loss(logp, None, adv, mask, loss_type=name, max_completion_length=8)
         assert loss.item() == pytest.approx(value, abs=1e-12), name
-        loss, _ = policy_loss(logp, None, adv, mask, loss_type=name, max_completion_length=8, gradient_accumulation_steps=4)
+        loss, _ = policy_loss(
+            logp, None, adv, mask, loss_type=name, max_completion_length=8, gradient_accumulation_steps=4
+        )
         assert loss.item() == pytest.approx(value / 4, abs=1e-12), name
     loss, _ = policy_loss(
-        logp, None, adv, mask, loss_type="dapo", num_items_in_batch=10, num_processes=2,
-        gradient_accumulation_steps=2, steps_per_generation=4,
+        logp,
+        None,
+        adv,
+        mask,
+        loss_type="dapo",
+        num_items_in_batch=10,
+        num_processes=2,
+        gradient_accumulation_steps=2,
+        steps_per_generation=4,
     )
     assert loss.item() == pytest.approx(-1.6, abs=1e-12)
 
@@ -98,8 +107,9 @@ def test_kl_estimators_by_hand():
     for name, value in expected.items():
         assert KL_ESTIMATORS.get(name)(logp, ref).item() == pytest.approx(value, abs=1e-12)
         # On-policy with A = 0 the loss is beta·kl (ratio 1, bias correction multiplies by 1).
-        loss, m = policy_loss(logp, None, torch.zeros(1), torch.ones(1, 1), loss_type="bnpo", beta=0.1,
-                              ref_logp_NT=ref, kl_estimator=name)
+        loss, m = policy_loss(
+            logp, None, torch.zeros(1), torch.ones(1, 1), loss_type="bnpo", beta=0.1, ref_logp_NT=ref, kl_estimator=name
+        )
         assert loss.item() == pytest.approx(0.1 * value, abs=1e-12)
         assert m["kl"].item() == pytest.approx(value, abs=1e-12)
 
@@ -144,8 +154,15 @@ GEOMETRY = dict(max_completion_length=8, num_items_in_batch=25, num_processes=1,
 def test_zero_advantage_gives_zero_gradient(loss_type):
     logp, old, _, mask, _ = _random(0)
     logp.requires_grad_()
-    loss, _ = policy_loss(logp, old, torch.zeros(5, dtype=torch.float64), mask, loss_type=loss_type,
-                          epsilon_high=5.0 if loss_type == "cispo" else None, **GEOMETRY)
+    loss, _ = policy_loss(
+        logp,
+        old,
+        torch.zeros(5, dtype=torch.float64),
+        mask,
+        loss_type=loss_type,
+        epsilon_high=5.0 if loss_type == "cispo" else None,
+        **GEOMETRY,
+    )
     loss.backward()
     assert torch.count_nonzero(logp.grad) == 0
 
@@ -182,8 +199,16 @@ def test_on_policy_gradient_is_reinforce(loss_type, ga):
     sequence ratio spreads 1/|o| of it on each token, which their aggregation undoes."""
     logp, _, _, mask, adv = _random(2)
     logp.requires_grad_()
-    loss, m = policy_loss(logp, None, adv, mask, loss_type=loss_type, gradient_accumulation_steps=ga,
-                          epsilon_high=5.0 if loss_type == "cispo" else None, **GEOMETRY)
+    loss, m = policy_loss(
+        logp,
+        None,
+        adv,
+        mask,
+        loss_type=loss_type,
+        gradient_accumulation_steps=ga,
+        epsilon_high=5.0 if loss_type == "cispo" else None,
+        **GEOMETRY,
+    )
     loss.backward()
     expected = -adv[:, None] * _reinforce_weight(LOSS_TYPES.get(loss_type).aggregation, mask, ga)
     assert torch.allclose(logp.grad, expected, rtol=1e-12, atol=1e-15)
@@ -205,7 +230,9 @@ def test_kl_bias_correction_changes_gradient_on_policy_but_not_value():
     grads, values = [], []
     for correction in (True, False):
         x = logp.clone().requires_grad_()
-        loss, _ = policy_loss(x, None, adv, mask, loss_type="grpo", beta=0.1, ref_logp_NT=ref, kl_bias_correction=correction)
+        loss, _ = policy_loss(
+            x, None, adv, mask, loss_type="grpo", beta=0.1, ref_logp_NT=ref, kl_bias_correction=correction
+        )
         loss.backward()
         grads.append(x.grad)
         values.append(loss.item())
@@ -221,7 +248,7 @@ def test_top_entropy_quantile_trains_only_high_entropy_tokens():
     loss.backward()
     active = entropy[mask.bool()]
     threshold = torch.quantile(active, 0.75)
-    trained = (logp.grad != 0)
+    trained = logp.grad != 0
     assert torch.equal(trained, (entropy >= threshold) & mask.bool())
     assert 0 < trained.sum() < mask.sum()
 
@@ -283,6 +310,13 @@ def test_metrics_are_detached_zero_dim_tensors():
     logp, old, ref, mask, adv = _random(9)
     logp.requires_grad_()
     _, m = policy_loss(logp, old, adv, mask, loss_type="grpo", beta=0.1, ref_logp_NT=ref, entropy_NT=torch.rand(5, 6))
-    assert {"clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "kl", "entropy", "ratio/mean"} <= set(m)
+    assert {
+        "clip_ratio/low_mean",
+        "clip_ratio/high_mean",
+        "clip_ratio/region_mean",
+        "kl",
+        "entropy",
+        "ratio/mean",
+    } <= set(m)
     for value in m.values():
         assert isinstance(value, torch.Tensor) and value.dim() == 0 and not value.requires_grad

@@ -76,9 +76,7 @@ VARIANTS = {
     "two_sided": dict(epsilon=0.2, epsilon_high=0.28, delta=1.25),
 }
 GRID = list(
-    itertools.product(
-        loss_type_names(), (0.0, 0.04), ("token", "sequence"), (1, 3), (False, True), sorted(VARIANTS)
-    )
+    itertools.product(loss_type_names(), (0.0, 0.04), ("token", "sequence"), (1, 3), (False, True), sorted(VARIANTS))
 )
 
 
@@ -125,7 +123,12 @@ def test_optional_terms_match_trl(loss_type, extra):
     geometry = dict(max_completion_length=MAX_LEN, num_items_in_batch=torch.tensor(40), gradient_accumulation_steps=2)
     _compare(
         dict(loss_type=loss_type, **geometry, **ours),
-        dict(loss_type=preset.trl_loss_type, importance_sampling_level=preset.importance_sampling_level, **geometry, **theirs),
+        dict(
+            loss_type=preset.trl_loss_type,
+            importance_sampling_level=preset.importance_sampling_level,
+            **geometry,
+            **theirs,
+        ),
         seed=7,
         off_policy=True,
     )
@@ -222,7 +225,9 @@ def test_advantages_float64_match_trl_to_its_float32_bessel_factor():
 @pytest.mark.parametrize("flag,name", [(True, "group"), (False, "none")])
 def test_boolean_scale_rewards_matches_trl(flag, name):
     rewards = _rewards_with_none(seed=2, B=4, G=3, K=1).float()
-    assert torch.equal(compute_advantages(rewards, 3, scale_rewards=flag), trl_advantages(rewards, 3, scale_rewards=name))
+    assert torch.equal(
+        compute_advantages(rewards, 3, scale_rewards=flag), trl_advantages(rewards, 3, scale_rewards=name)
+    )
 
 
 def test_parity_harness_detects_a_wrong_setting():

@@ -13,9 +13,8 @@ from types import SimpleNamespace
 from unittest import mock
 
 import torch
-
-from trl import GRPOTrainer  # noqa: E402  (test-only dependency: pytest.importorskip in the callers)
 import trl.trainer.grpo_trainer as grpo_module
+from trl import GRPOTrainer  # noqa: E402  (test-only dependency: pytest.importorskip in the callers)
 
 
 class _SingleProcessAccelerator:
@@ -192,9 +191,7 @@ def trl_generate_and_score(
     )
     completion_ids = [[1] * length for length in lengths]
     prompt_ids = [[1] for _ in range(N)]
-    trainer._generate = lambda prompts: (
-        prompt_ids, completion_ids, None, ["x"] * N, sampler_logp_rows, {}, None, None
-    )
+    trainer._generate = lambda prompts: (prompt_ids, completion_ids, None, ["x"] * N, sampler_logp_rows, {}, None, None)
     trainer._get_per_token_logps_and_entropies = lambda *a, **k: (old_logp_NT, None, None)
     trainer._calculate_rewards = lambda *a, **k: rewards_NK.clone()
     with _no_distributed_gather():
@@ -229,7 +226,13 @@ def trl_rloo_advantages(rewards_NK: torch.Tensor, group_size: int, normalize_adv
         normalize_advantages=normalize_advantages,
         reward_func_names=[f"r{k}" for k in range(K)],
         reward_funcs=[None] * K,
-        _logs={"prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [], "extra": defaultdict(list)},
+        _logs={
+            "prompt": [],
+            "completion": [],
+            "rewards": defaultdict(list),
+            "advantages": [],
+            "extra": defaultdict(list),
+        },
         _pending_extra_logs=defaultdict(list),
         _pending_metrics=defaultdict(list),
         log_multimodal=False,
