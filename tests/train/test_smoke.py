@@ -78,3 +78,16 @@ def test_every_logged_key_is_documented(tiny_model_dir, sum_dataset, tmp_path):
 
     undocumented = sorted(k for k in keys if f"`{documented_as(k)}`" not in doc)
     assert not undocumented, f"keys missing from docs/metrics.md: {undocumented}"
+
+
+def test_default_job_runs_on_the_shipped_model(tmp_path):
+    """`rlvr train` with no arguments, cut to 2 steps: the shipped model, the arithmetic task, native rollouts."""
+    out = tmp_path / "default"
+    result = train(load_config(None, [f"log.output_dir={out}", "train.max_steps=2", "data.eval_size=16",
+                                      "log.progress=false"]))
+    assert result["step"] == 2
+    assert 0.0 <= result["before"]["accuracy"] <= 1.0 and result["after"]["num_prompts"] == 16
+    lines = read_jsonl(out / "metrics.jsonl")
+    train_lines = [m for m in lines if "reward" in m]
+    assert train_lines and "rewards/arithmetic/mean" in train_lines[-1]
+    assert train_lines[-1]["mismatch/abs_logp_diff_mean"] < 1e-3  # native engine == trainer log-probs
