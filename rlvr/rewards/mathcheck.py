@@ -134,6 +134,9 @@ _NOT_UNITS = NUMBER_WORDS | {
     "tan", "dozen", "dozens", "half", "halves", "third", "thirds", "quarter", "quarters", "fourth",
     "fourths", "fifth", "fifths", "tenth", "tenths", "hundredth", "hundredths", "percent",
     "not", "no", "less", "more", "than", "least", "most", "each", "per", "remainder", "r",
+    # a sentence, not a unit: "18 is wrong", "18 if n is even", "18 but check"
+    "is", "are", "was", "were", "if", "then", "else", "but", "unless", "except", "otherwise", "wrong",
+    "incorrect", "correct", "right", "true", "false", "yes", "wait", "actually", "when", "where",
 }
 _UNIT_WORD_RE = re.compile(r"^[a-zA-Z][a-zA-Z.]*(?:\^?[23])?(?:/[a-zA-Z]+)?$")
 _GLUED_UNITS = {"cm", "mm", "km", "m", "kg", "g", "mg", "lb", "lbs", "oz", "ft", "in", "mi", "ml", "l", "h", "hr", "hrs", "min", "s", "sec", "mph", "kmh"}
