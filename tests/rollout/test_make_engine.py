@@ -60,3 +60,20 @@ def test_bad_request_is_a_clear_error(llama_and_tok, prompts):
         engine.generate(prompts, 0, SamplingParams())
     with pytest.raises(ValueError, match="empty prompt"):
         engine.generate([[]], 1, SamplingParams())
+
+
+def test_native_cpu_threads_are_restored(llama_and_tok, prompts):
+    import torch
+
+    model, tok = llama_and_tok
+    before = torch.get_num_threads()
+    engine = make_engine("native", model, tok)  # hidden 64 < 512: decodes on 1 thread
+    assert engine.cpu_threads == 1
+    torch.set_num_threads(2)
+    try:
+        engine.generate(prompts, 2, SamplingParams(max_tokens=3, seed=0))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="cpu_threads"):
+        make_engine("native", model, tok, cpu_threads=0)
