@@ -108,11 +108,13 @@ class AlgoConfig(_Section):
     beta: float = Field(0.0, ge=0.0, description="KL coefficient. 0 = no reference model is loaded (TRL default).")
     epsilon: float = Field(0.2, gt=0.0, description="Lower clip range: ratio clipped at 1 - epsilon.")
     epsilon_high: float | None = Field(
-        None, gt=0.0, description="Upper clip range (DAPO clip-higher, 0.28 in the paper). None = epsilon."
+        None, gt=0.0, description="Upper clip range (DAPO clip-higher, 0.28 in the paper). None = epsilon. "
+        "For cispo it is the absolute cap on the ratio, eps_max (TRL's meaning; 5.0 is the usual value)."
     )
     delta: float | None = Field(None, gt=1.0, description="Two-sided clip: cap the unclipped ratio at delta.")
-    importance_sampling_level: Literal["token", "sequence"] = Field(
-        "token", description="'sequence' = GSPO's length-normalised sequence ratio."
+    importance_sampling_level: Literal["token", "sequence"] | None = Field(
+        None, description="Importance ratio per token or per sequence (GSPO's length-normalised ratio); "
+        "None = the preset's own level (sequence for gspo and luspo, token otherwise)."
     )
     scale_rewards: Literal["group", "batch", "none"] = Field(
         "group", description="Divide centred rewards by the group std, the batch std, or not at all (Dr. GRPO)."
@@ -306,6 +308,11 @@ class Config(_Section):
                 "rollout.backend=openai samples from a server that holds its own weights (a stale policy); "
                 "set rollout.allow_stale_sampler=true to accept that (the lag is logged and corrected by "
                 "importance sampling; engine_options.reload_every=k bounds it)"
+            )
+        if self.algo.loss_type == "cispo" and (self.algo.epsilon_high is None or self.algo.epsilon_high < 1.0):
+            problems.append(
+                f"loss_type cispo caps the ratio at epsilon_high (eps_max), which is {self.algo.epsilon_high}; "
+                "a cap below 1 stops every token from learning. Set algo.epsilon_high (5.0 in MiniMax-M1/ScaleRL)"
             )
         if self.algo.epsilon >= 1.0:
             problems.append(f"algo.epsilon {self.algo.epsilon} must be < 1 (the ratio is clipped at 1 - epsilon)")

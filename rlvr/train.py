@@ -159,10 +159,10 @@ def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, old_NT: torch.Ten
     if a.mask_truncated_completions:  # DAPO overlong filtering: truncated completions carry no loss
         mask_NT = mask_NT * (~truncated_N).to(mask_NT.dtype).unsqueeze(1)
     num_items = mask_NT.sum()  # active tokens of the whole generation batch (dapo/cispo normaliser)
-    is_w_NT, step_metrics = None, []
+    is_w_NT, step_metrics, is_metrics = None, [], {}
     if old_NT is not None and packed.sampler_logp_NT is not None and not run.engine.samples_live_policy \
             and a.sampler_importance_sampling_correction:
-        is_w_NT, _ = core.sampler_importance_weights(
+        is_w_NT, is_metrics = core.sampler_importance_weights(
             old_NT, packed.sampler_logp_NT, mask_NT, mode=a.sampler_importance_sampling_mode,
             clip_max=a.sampler_importance_sampling_clip_max, clip_min=a.sampler_importance_sampling_clip_min)
     mbs = micro_batches(packed.input_ids_NL.shape[0], t.per_device_train_batch_size)
@@ -187,13 +187,16 @@ def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, old_NT: torch.Ten
                 if packed.sampler_logp_NT is not None:  # honest log-probs: sampler vs trainer, every step
                     metrics.update(logprob_mismatch_metrics(packed.sampler_logp_NT[s], logp_NT.detach(), mask_NT[s]))
                 for k, v in metrics.items():  # one host sync per micro-batch, after backward
-                    sums[k] = sums.get(k, 0.0) + float(v) / t.gradient_accumulation_steps
+                    # The loss is already scaled for accumulation (its GA parts add up); others are averaged.
+                    scale = 1.0 if k == "loss" else 1.0 / t.gradient_accumulation_steps
+                    sums[k] = sums.get(k, 0.0) + float(v) * scale
             sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(run.model.parameters(), t.max_grad_norm))
             sums["learning_rate"] = run.scheduler.get_last_lr()[0]
             run.optimizer.step()
             run.scheduler.step()
             run.optimizer.zero_grad(set_to_none=True)
             run.step += 1
+            sums.update({k: float(v) for k, v in is_metrics.items()})
             step_metrics.append(sums)
             if run.step >= t.max_steps:
                 return step_metrics

@@ -16,7 +16,7 @@ def test_defaults_follow_trl_names_and_values():
     cfg = load_config()
     assert cfg.rollout.num_generations == 8 and cfg.algo.beta == 0.0 and cfg.algo.epsilon == 0.2
     assert cfg.algo.loss_type == "dapo" and cfg.algo.scale_rewards == "group"
-    assert cfg.rollout.temperature == 1.0 and cfg.algo.importance_sampling_level == "token"
+    assert cfg.rollout.temperature == 1.0 and cfg.algo.importance_sampling_level is None  # the preset's level
     assert cfg.prompts_per_generation * cfg.rollout.num_generations == cfg.generation_batch_size
 
 
@@ -97,3 +97,9 @@ def test_docs_config_md_is_current():
 
     assert (REPO / "docs" / "config.md").read_text() == config_markdown(), \
         "docs/config.md is stale: run `python -m rlvr.config > docs/config.md`"
+
+
+def test_cispo_needs_a_cap_above_one():
+    with pytest.raises(ConfigError, match="epsilon_high"):
+        load_config(None, ["loss_type=cispo"])
+    assert load_config(None, ["loss_type=cispo", "epsilon_high=5.0"]).algo.epsilon_high == 5.0

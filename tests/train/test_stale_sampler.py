@@ -47,6 +47,10 @@ def test_lag_grows_and_importance_sampling_acts(server, tiny_model_dir, sum_data
     # steps sample old weights, and the mismatch shows it.
     assert lines[0]["mismatch/abs_logp_diff_mean"] < 1e-4
     assert lines[2]["mismatch/abs_logp_diff_mean"] > 10 * lines[0]["mismatch/abs_logp_diff_mean"]
+    # The correction acts: weights differ from 1 once the sampler lags, and every key is documented.
+    assert lines[2]["sampling/importance_sampling_ratio/max"] != pytest.approx(1.0, abs=1e-6)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    assert all(f"`{k}`" in doc for k in lines[2] if k.startswith(("sampling/", "mismatch/")))
 
 
 def test_reload_every_bounds_the_lag(server, tiny_model_dir, sum_dataset, tmp_path):
