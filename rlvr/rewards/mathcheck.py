@@ -52,6 +52,7 @@ MAX_COMPLETION_CHARS = 400_000  # ~100k tokens; longer text is rejected before a
 class Candidate:
     path: str  # "boxed", "answer_tag", "answer_anchor", "####", "after_think", "whole"
     text: str
+    line: str = ""  # the whole anchor line the answer was clipped from: hedges there count too
 
 
 def _boxed_contents(text: str) -> list[str]:
@@ -103,8 +104,8 @@ def extract_candidates(text: str) -> tuple[list[Candidate], str]:
     cands += [Candidate("boxed", b) for b in _boxed_contents(outside)]
     # An anchor line that holds a \boxed{} is the same statement as the box, already counted.
     anchors = [a[: MAX_ANSWER_CHARS + 1] for a in _ANCHOR_RE.findall(outside) if not _BOX_START_RE.search(a)]
-    cands += [Candidate("answer_anchor", a) for a in map(_clip_anchor, anchors) if _answer_like(a)]
-    cands += [Candidate("####", _clip_anchor(h[: MAX_ANSWER_CHARS + 1])) for h in _HASHES_RE.findall(outside)]
+    cands += [Candidate("answer_anchor", _clip_anchor(a), a) for a in anchors if _answer_like(_clip_anchor(a))]
+    cands += [Candidate("####", _clip_anchor(h[: MAX_ANSWER_CHARS + 1]), h[: MAX_ANSWER_CHARS + 1]) for h in _HASHES_RE.findall(outside)]
     if not cands:
         bare = text.strip()
         # "x = 2" is an answer; "5 + 13 = 18" is working: only "<letter> =" may hold an "=".
@@ -123,7 +124,7 @@ def extract_candidates(text: str) -> tuple[list[Candidate], str]:
 
 _HEDGE_RE = re.compile(
     r"\b(?:or|either|nor|maybe|perhaps|possibly|probably|likely|approximately|approx|about|around|"
-    r"roughly|nearly|almost|between|guess)\b|\\lor\b|\\approx\b|≈|\\sim\b|\?"
+    r"roughly|nearly|almost|between|guess|could|might|unsure|uncertain|alternatively)\b|\\lor\b|\\approx\b|≈|\\sim\b|\?"
 )
 _TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
 _SPACING_RE = re.compile(r"\\(?:left|right|displaystyle|!|,|;|:|quad|qquad)|\\ ")
@@ -371,8 +372,10 @@ def check_math(text: str, gold: Any, *, truncated: bool = False, timeout_s: floa
         verdict.reason = "answer_too_long"
     else:
         gold_text = gold_answer(gold)
-        answer = _join_alternatives(first.text) if _is_list(gold_text) else first.text
-        if is_hedged(answer):
+        is_list = _is_list(gold_text)
+        answer = _join_alternatives(first.text) if is_list else first.text
+        line = _join_alternatives(first.line) if is_list and first.line else first.line
+        if is_hedged(answer) or is_hedged(line):  # "Answer: 18. Or maybe 19."
             verdict.reason = "hedged"
             return verdict
         same, reason = equivalent(gold_text, answer, timeout_s)
