@@ -78,8 +78,13 @@ def _boxed_contents(text: str) -> list[str]:
     return found
 
 
+_NESTED_ANCHOR_RE = re.compile(r"^(?:the[ \t]+)?(?:final[ \t]+)?answer[ \t]*(?:is\b|:)[ \t:*]*", re.I)
+
+
 def _clip_anchor(s: str) -> str:
-    # "The answer is 18 because ..." / "Answer: 18. Done." -> "18"
+    # "The answer is 18 because ..." / "Answer: 18. Done." -> "18"; Minerva's "Final Answer: The
+    # final answer is $18$. I hope it is correct." -> "$18$"
+    s = _NESTED_ANCHOR_RE.sub("", s.strip(), count=1)
     s = re.split(r"\s+(?:because|since|as|which|so)\b|,\s+(?=[a-zA-Z]{2,})|\.\s|;\s", s, maxsplit=1)[0]
     return s.strip().strip("*").strip()
 
