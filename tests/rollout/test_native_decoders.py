@@ -104,3 +104,27 @@ def test_unsupported_architecture_falls_back_or_errors():
     ref = make_engine("hf", model, tok).generate(prompts, 1, sp)
     out = make_engine("native", model, tok).generate(prompts, 1, sp)
     assert [c.token_ids for c in out] == [c.token_ids for c in ref]
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast", "generic"])
+def test_rows_finishing_at_different_steps_are_compacted_correctly(fast_path):
+    """Many EOS ids make rows stop at scattered steps; with compact_fraction tiny, the batch is
+    compacted after almost every step. Every surviving row must still see exactly its own cache:
+    its log-probs equal the trainer's full-forward recompute, and nothing follows its first EOS."""
+    from rlvr.rollout import SamplingParams
+
+    from test_contract import trainer_logp
+
+    model, tok = tiny_model("llama", seed=4)
+    model.eval()
+    eos = list(range(3, 33))  # ~35% of the vocabulary ends a completion
+    engine = NativeEngine(model, tok, eos_token_ids=eos, compact_fraction=0.01, fast_path=fast_path)
+    prompts = [tok.encode("37+45="), tok.encode("8*9="), tok.encode("(2+3)*4=")]
+    out = engine.generate(prompts, 6, SamplingParams(temperature=1.0, max_tokens=10, seed=0))
+    lengths = {len(c.token_ids) for c in out}
+    assert len(lengths) >= 3, f"rows should finish at different steps, got lengths {lengths}"
+    for c in out:
+        assert not set(c.token_ids[:-1]) & set(eos)
+        assert (c.finish_reason == "stop") == (c.token_ids[-1] in eos)
+        expected = trainer_logp(model, prompts[c.prompt_index], c.token_ids, 1.0)
+        assert c.logprobs == pytest.approx(expected, abs=2e-4)
