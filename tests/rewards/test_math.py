@@ -208,3 +208,14 @@ def test_numeric_forms_property():
         assert check_math(f"The answer is {form(gold)}.", str(gold)).reward == 1.0, form(gold)
         for decoy in {gold + 1, gold - 1, gold * 10, gold * 100, -gold} - {gold}:
             assert check_math(f"\\boxed{{{form(decoy)}}}", str(gold)).reward == 0.0, (form(decoy), gold)
+
+
+def test_worker_itself_never_executes_text(tmp_path):
+    # Bypass the bounds: hand the payload straight to the symbolic worker. Its LaTeX-only reader
+    # must not run it (math-verify's expression reader would: it calls sympy's parse_expr).
+    from rlvr.rewards.symbolic import get_pool
+
+    marker = tmp_path / "pwned"
+    for payload in (f"__import__('os').system('touch {marker}')", f"exec(\"open('{marker}','w')\")"):
+        assert get_pool().compare("0", payload, timeout_s=10) in ("not_equal", "unparsed", "error")
+    assert not marker.exists()
