@@ -22,9 +22,10 @@ import json
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rlvr.rewards.base import Verdict
 
@@ -153,7 +154,7 @@ def audit(checker: str | Callable[[dict], Verdict], rows: list[dict], workers: i
 
 def _print_table(report: dict[str, Any], out=None) -> None:
     out = out or sys.stdout  # looked up per call: pytest and the CLI may swap sys.stdout
-    p = lambda *a: print(*a, file=out)  # noqa: E731
+    p = lambda *a: print(*a, file=out)
     p(f"audit of the {report['checker']} checker: {report['cases']} cases in {report['seconds']} s")
     p(f"  true positives  {report['true_positives']:5d}   (correct answers accepted)")
     p(f"  true negatives  {report['true_negatives']:5d}   (wrong / adversarial answers rejected)")

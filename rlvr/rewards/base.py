@@ -45,10 +45,10 @@ REWARDS: Registry = Registry("reward function")
 # Helpers shared by the built-in checkers (added by issue 5). Nothing above this line changed.
 # ---------------------------------------------------------------------------------------------
 
-import threading  # noqa: E402
-import time  # noqa: E402
-from collections import Counter  # noqa: E402
-from typing import Callable, Sequence  # noqa: E402
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
 
 
 def completion_text(completion: Any) -> str:

@@ -27,16 +27,29 @@ import json
 import operator
 import os
 import re
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
-from rlvr.rewards.base import REWARDS, CheckerReward, Verdict, completion_text, row_columns
-from rlvr.rewards.sandbox import Isolation, Limits, NotLiteral, RunResult, literal_value, run_sandboxed
+from rlvr.rewards.base import (
+    REWARDS,
+    CheckerReward,
+    Verdict,
+    row_columns,
+)
+from rlvr.rewards.sandbox import (
+    Isolation,
+    Limits,
+    NotLiteral,
+    RunResult,
+    literal_value,
+    run_sandboxed,
+)
 
 # Info string and body as two plain groups: patterns with adjacent overlapping runs (``[ \t]*``,
 # ``[\w+-]*``, ``[^\n]*``) backtrack quadratically on a long unterminated first line.
-_FENCE_RE = re.compile(r"```([^\n]*)\n(.*?)```", re.S)
+_FENCE_RE = re.compile(r"```([^\n]*)\n(.*?)```", re.DOTALL)
 MAX_CODE_CHARS = 100_000
 
 _OPS = {
@@ -148,7 +161,7 @@ def _evaluate(check: Check, values: dict[int, Any], ran: set[int], errors: dict[
         expected = values[check.other_step]
     else:
         expected = check.expected
-    name, fn = _OPS[check.op]
+    _, fn = _OPS[check.op]
     try:
         return None if fn(value, expected) else f"got {value!r:.80}"
     except Exception as exc:  # noqa: BLE001 - e.g. '<' between str and int: the test fails
@@ -249,9 +262,10 @@ def parse_tests(tests: Any) -> list:
     return list(tests)
 
 
-def check_code(text: str, tests: Any, *, truncated: bool = False, limits: Limits = Limits(), partial: bool = False,
+def check_code(text: str, tests: Any, *, truncated: bool = False, limits: Limits | None = None, partial: bool = False,
                isolation: Isolation = "auto") -> Verdict:
-    """The verdict for one completion against its tests."""
+    """The verdict for one completion against its tests (``limits``: ``Limits()`` when None)."""
+    limits = limits or Limits()
     code, path, n_blocks = extract_code(text)
     verdict = Verdict(False, 0.0, extracted=(code or "")[:200] or None, path=path, n_candidates=n_blocks)
     if truncated:

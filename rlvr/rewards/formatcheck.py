@@ -13,7 +13,8 @@ put ``<think>`` in the prompt (Qwen3, DeepSeek-R1): the completion then starts i
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rlvr.rewards.base import REWARDS, CheckerReward, Verdict
 

@@ -27,7 +27,7 @@ from jsonschema.validators import validator_for
 from rlvr.rewards.base import REWARDS, CheckerReward, Verdict
 
 MAX_JSON_CHARS = 1 << 20
-_FENCE_RE = re.compile(r"```([^\n]*)\n(.*?)```", re.S)  # info string parsed in Python: no backtracking
+_FENCE_RE = re.compile(r"```([^\n]*)\n(.*?)```", re.DOTALL)  # info string parsed in Python: no backtracking
 _ANSWER_RE = re.compile(r"(?s)<answer>(.*?)</answer>")
 
 
@@ -89,7 +89,7 @@ def _load_schema(schema: Any) -> dict:
         except json.JSONDecodeError as exc:
             raise ValueError(f"json_schema reward: the schema is not valid JSON ({exc.msg}); pass a dict or a JSON string") from None
     if not isinstance(schema, (dict, bool)):
-        raise ValueError(f"json_schema reward: a schema is a JSON object, got {type(schema).__name__}")
+        raise TypeError(f"json_schema reward: a schema is a JSON object (or true/false), got {type(schema).__name__}")
     cls = validator_for(schema)
     try:
         cls.check_schema(schema)

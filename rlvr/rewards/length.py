@@ -13,7 +13,8 @@ L_max = 20480, L_cache = 4096). |y| is the number of completion tokens, read fro
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rlvr.rewards.base import REWARDS
 

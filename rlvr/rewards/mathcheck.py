@@ -25,7 +25,12 @@ from fractions import Fraction
 from typing import Any
 
 from rlvr.rewards.base import REWARDS, CheckerReward, Verdict
-from rlvr.rewards.numparse import MAX_DIGITS, NUMBER_WORDS, parse_number, parse_number_words
+from rlvr.rewards.numparse import (
+    MAX_DIGITS,
+    NUMBER_WORDS,
+    parse_number,
+    parse_number_words,
+)
 from rlvr.rewards.symbolic import get_pool
 
 # ---------------------------------------------------------------------------------------------
@@ -78,7 +83,7 @@ def _boxed_contents(text: str) -> list[str]:
     return found
 
 
-_NESTED_ANCHOR_RE = re.compile(r"^(?:the[ \t]+)?(?:final[ \t]+)?answer[ \t]*(?:is\b|:)[ \t:*]*", re.I)
+_NESTED_ANCHOR_RE = re.compile(r"^(?:the[ \t]+)?(?:final[ \t]+)?answer[ \t]*(?:is\b|:)[ \t:*]*", re.IGNORECASE)
 
 
 def _clip_anchor(s: str) -> str:
@@ -160,7 +165,7 @@ def normalize_answer(s: str) -> str:
             if s.startswith(left) and s.endswith(right):
                 s = s[len(left) : -len(right)]
         boxed = _boxed_contents(s)
-        if len(boxed) == 1 and re.fullmatch(r"\\(?:boxed|fbox)\s*\{.*\}", s, re.S):
+        if len(boxed) == 1 and re.fullmatch(r"\\(?:boxed|fbox)\s*\{.*\}", s, re.DOTALL):
             s = boxed[0]
         if s == before:
             break
@@ -181,10 +186,10 @@ def numeric_value(s: str) -> tuple[Fraction | None, bool]:
     """(exact value, is_percentage) of a normalised answer, or (None, _) when it is not one number."""
     t = s.strip()
     percent = False
-    m = re.fullmatch(r"(.*?)\s*(?:\\?%|percent|per\s*cent)", t, re.I)
+    m = re.fullmatch(r"(.*?)\s*(?:\\?%|percent|per\s*cent)", t, re.IGNORECASE)
     if m:
         t, percent = m.group(1), True
-    t = re.sub(r"^(?:\$|£|€|usd|eur)\s*", "", t, flags=re.I)
+    t = re.sub(r"^(?:\$|£|€|usd|eur)\s*", "", t, flags=re.IGNORECASE)
     t = re.sub(r"\s*(?:\^\s*\{?\\circ\}?|°|\\degree)$", "", t)
     value = parse_number(t)
     if value is not None:

@@ -183,9 +183,7 @@ def sandbox_processes(uid: int | None = None, marker: str | None = None) -> list
             continue
         pid = int(entry.name)
         try:
-            if uid is not None and _uid_of(pid) == uid:
-                pids.append(pid)
-            elif marker is not None and _has_marker(pid, marker):
+            if uid is not None and _uid_of(pid) == uid or marker is not None and _has_marker(pid, marker):
                 pids.append(pid)
         except OSError:
             continue

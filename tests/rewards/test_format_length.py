@@ -54,8 +54,14 @@ def test_every_builtin_accepts_trls_keyword_call():
     # trainer_state=...); rlvr adds truncated=[...]. Every built-in must take exactly that.
     import rlvr.rewards  # noqa: F401  (registration)
 
-    kwargs = dict(prompts=["p", "p"], completions=["<think>a</think><answer>4</answer>", [{"role": "assistant", "content": "\\boxed{5}"}]],
-                  completion_ids=[[1, 2, 3], [1] * 9], answer=["4", "4"], trainer_state=object(), truncated=[False, False])
+    kwargs = {
+        "prompts": ["p", "p"],
+        "completions": ["<think>a</think><answer>4</answer>", [{"role": "assistant", "content": "\\boxed{5}"}]],
+        "completion_ids": [[1, 2, 3], [1] * 9],
+        "answer": ["4", "4"],
+        "trainer_state": object(),
+        "truncated": [False, False],
+    }
     assert REWARDS.get("math")()(**kwargs) == [1.0, 0.0]
     assert REWARDS.get("format")()(**kwargs) == [1.0, 0.0]
     assert REWARDS.get("overlong")(max_completion_length=10, buffer=4)(**kwargs) == pytest.approx([0.0, -0.75])

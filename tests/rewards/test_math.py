@@ -100,7 +100,9 @@ def test_timeout_is_zero_and_counted():
     pool = SymbolicPool(size=1)
     try:
         # A worker that never answers stands in for a hung sympy call: swap in a sleeping stub.
-        import subprocess, sys
+        import subprocess
+        import sys
+
         from rlvr.rewards import symbolic
 
         pool._spawn_real = pool._spawn
