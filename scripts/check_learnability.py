@@ -58,13 +58,35 @@ def decode(tokenizer, ids_NT: torch.Tensor, mask_NT: torch.Tensor) -> list[str]:
     return [tokenizer.decode(ids[m], skip_special_tokens=True) for ids, m in zip(ids_NT, mask_NT)]
 
 
-def greedy_accuracy(model, tokenizer, rows, max_tokens: int) -> float:
+def greedy_answers(model, tokenizer, rows, max_tokens: int) -> tuple[list[str], list[float]]:
     prompt_ids_BP = torch.tensor([tokenizer(r["prompt"]).input_ids for r in rows])
     ids_NT, mask_NT, truncated_N = sample(model, prompt_ids_BP, 1, 0.0, max_tokens, tokenizer.eos_token_id, tokenizer.pad_token_id)
     reward_fn = REWARDS.get("arithmetic")()
     texts = decode(tokenizer, ids_NT, mask_NT)
-    rewards = reward_fn(None, texts, None, answer=[r["answer"] for r in rows], truncated=truncated_N.tolist())
-    return sum(rewards) / len(rows)
+    return texts, reward_fn(None, texts, None, answer=[r["answer"] for r in rows], truncated=truncated_N.tolist())
+
+
+def greedy_accuracy(model, tokenizer, rows, max_tokens: int) -> float:
+    return sum(greedy_answers(model, tokenizer, rows, max_tokens)[1]) / len(rows)
+
+
+def carry_kind(row: dict) -> str:
+    """Which carries ``a+b`` needs: into the tens ("tens"), out to the hundreds ("hundreds"), both, none."""
+    a, b = row["a"], row["b"]
+    tens, hundreds = (a % 10 + b % 10) >= 10, a + b >= 10 ** len(str(max(a, b)))
+    return {(False, False): "none", (True, False): "tens", (False, True): "hundreds", (True, True): "both"}[(tens, hundreds)]
+
+
+def accuracy_by_carry(model, tokenizer, rows, max_tokens: int) -> dict[str, str]:
+    texts, rewards = greedy_answers(model, tokenizer, rows, max_tokens)
+    table: dict[str, list] = {}
+    for row, text, reward in zip(rows, texts, rewards):
+        table.setdefault(carry_kind(row), []).append((reward, f"{row['prompt']}{text}"))
+    return {
+        kind: f"{sum(r for r, _ in cases) / len(cases):.2f} of {len(cases)}, e.g. wrong: "
+        + ", ".join(t for r, t in cases if not r)[:60]
+        for kind, cases in sorted(table.items())
+    }
 
 
 def main() -> None:
@@ -77,7 +99,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--max-tokens", type=int, default=None, help="default: the task's suggestion")
     parser.add_argument("--eval-problems", type=int, default=500)
+    parser.add_argument("--eval-every", type=int, default=0, help="also print held-out greedy accuracy every N steps")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save", type=Path, default=None, help="write the trained model here")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
 
@@ -98,6 +122,7 @@ def main() -> None:
     model.eval()
     before = greedy_accuracy(model, tokenizer, eval_rows, max_tokens)
     print(f"held-out greedy accuracy before: {before:.3f}  ({time.perf_counter() - start:.1f}s)", flush=True)
+    print(json.dumps(accuracy_by_carry(model, tokenizer, eval_rows, max_tokens), indent=1), flush=True)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     G = args.num_generations
     train_start = time.perf_counter()
@@ -122,9 +147,16 @@ def main() -> None:
         optimizer.step()
         if step % 10 == 0 or step == args.steps - 1:
             mean_reward = sum(rewards) / len(rewards)
-            print(f"step {step:3d}  reward {mean_reward:.3f}  {time.perf_counter() - train_start:5.1f}s", flush=True)
+            accuracy = ""
+            if args.eval_every and step and step % args.eval_every == 0:
+                accuracy = f"  held-out greedy {greedy_accuracy(model, tokenizer, eval_rows[:200], max_tokens):.3f}"
+            print(f"step {step:3d}  reward {mean_reward:.3f}  {time.perf_counter() - train_start:5.1f}s{accuracy}", flush=True)
 
     after = greedy_accuracy(model, tokenizer, eval_rows, max_tokens)
+    print(json.dumps(accuracy_by_carry(model, tokenizer, eval_rows, max_tokens), indent=1), flush=True)
+    if args.save:
+        model.save_pretrained(args.save)
+        tokenizer.save_pretrained(args.save)
     result = {
         "greedy_acc_before": round(before, 3),
         "greedy_acc_after": round(after, 3),

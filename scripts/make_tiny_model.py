@@ -1,28 +1,34 @@
 """Build the tiny model rlvr ships (rlvr/models/tiny-arith): a character-level Llama that adds
-3-digit numbers but, greedily, usually forgets to carry.
+2-digit numbers but, greedily, usually forgets to carry.
 
 Why this model. Reinforcement learning from verifiable rewards can only raise the probability of
 answers the model already samples: a group where every completion fails has zero advantage and no
 gradient. So the default job needs a model whose *greedy* answer is often wrong while its
 *samples* are sometimes right. We get one by supervised training on answers that are right for
 problems without a carry, and for problems with a carry are right only ``--p-correct`` of the
-time (default 0.3): otherwise the answer is written the way a pupil who forgets to carry writes it,
-each column summed on its own (``367+458`` -> ``7|11→1|15→5`` -> ``"715"`` instead of ``"825"``).
-About 70% of 3-digit additions carry, so greedy accuracy starts near 30%, while a group of 8
-samples at temperature 1 holds a correct answer for most problems (1 - 0.7^8 ≈ 94%).
+time (default 0.3): otherwise the answer is written the way a pupil who never carries writes it,
+each column summed on its own and kept mod 10 (``37+45`` -> ``72``, ``73+52`` -> ``25``).
+About 76% of 2-digit additions (operands 10-99) carry somewhere, so greedy accuracy starts near
+25%, while a group of 8 samples at temperature 1 holds a correct answer for ~95% of problems.
+``--p-correct`` is the knob: at 0.4 the per-problem estimate sits so close to 0.5 that greedy
+accuracy starts near 50% (measured), too close to the default job's "starts at <= 50%" bound.
 
 What it writes to ``--out`` (Hugging Face format, loads offline with ``AutoTokenizer`` /
 ``AutoModelForCausalLM``): config.json, generation_config.json, model.safetensors, tokenizer.json,
-tokenizer_config.json, chat_template.jinja. The tokenizer is one token per character over printable
-ASCII (plus <pad> <s> </s> <unk>), so any English prompt tokenises; it prepends <s>, and its chat
-template just concatenates message contents, so a chat-format prompt ``[{"role": "user",
-"content": "367+458="}]`` reads exactly like the plain one.
+tokenizer_config.json, chat_template.jinja, and recipe.json (these arguments and the measured
+accuracies). The tokenizer is one token per character over printable ASCII (plus <pad> <s> </s>
+<unk>), so any English prompt tokenises; it prepends <s>, and its chat template just concatenates
+message contents, so a chat-format prompt ``[{"role": "user", "content": "37+45="}]`` reads
+exactly like the plain one. A fifth of the training sequences omit <s>, so prompts tokenised with
+``add_special_tokens=False`` (TRL's habit) are answered the same way.
 
 Training only uses problems from the task's training split (rlvr.tasks.is_held_out), so the
-held-out accuracy the trainer reports is on problems the model never saw.
+held-out accuracy the trainer reports is on problems the model never saw. The loss sits on a
+plateau (~1.0) for ~1,500 steps before the model "groks" the digit alignment; then it falls to
+~0.16 (the floor set by the deliberate 30/70 answer mix is ~0.13 per answer token).
 
-Deterministic: same seed, torch version and ``--threads`` give the same weights. Takes a few minutes
-on 2 CPU cores::
+Deterministic: same seed, torch version and ``--threads`` give the same weights. Takes about 5
+minutes on one free CPU core (15 on a busy shared one)::
 
     PYTHONPATH=. python scripts/make_tiny_model.py             # rebuild rlvr/models/tiny-arith
     PYTHONPATH=. python scripts/make_tiny_model.py --steps 200 --out /tmp/m   # a quick smoke build
@@ -215,12 +221,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="1 is fastest on a shared machine")
     parser.add_argument("--log-every", type=int, default=100)
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=2500)
+    parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--p-correct", type=float, default=0.3, help="share of carry problems shown with the right answer")
     parser.add_argument("--p-no-bos", type=float, default=0.2)
-    parser.add_argument("--hidden-size", type=int, default=128)
+    parser.add_argument("--hidden-size", type=int, default=96)
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--intermediate-size", type=int, default=256)

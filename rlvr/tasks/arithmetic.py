@@ -1,8 +1,8 @@
 """The arithmetic task: ``"367+458="`` -> ``"825"``, checked by exact integer comparison.
 
-The default (3-digit addition) is what the shipped tiny model was trained on (scripts/
-make_tiny_model.py). About 70% of 3-digit additions carry inside the number (units into tens or
-tens into hundreds), which is where the shipped model's greedy answer goes wrong.
+The default (2-digit addition, operands 10-99) is what the shipped tiny model was trained on
+(scripts/make_tiny_model.py). About 76% of these additions carry (into the tens, into the
+hundreds, or both), which is where the shipped model's greedy answer goes wrong.
 
 The checker is strict on purpose (DESIGN.md §6): the stripped completion must be exactly one integer
 (``-?\\d+``), so ``"825 826"`` (answer spraying), ``"825.0"``, ``"eight hundred"`` and text around
@@ -42,7 +42,7 @@ def solve(a: int, op: str, b: int) -> int:
 class ArithmeticTask:
     """Integer arithmetic on two operands of ``digits`` digits.
 
-    Options: ``digits`` (1-9, default 3), ``operations`` (any non-empty subset of ``"+-*"``, each
+    Options: ``digits`` (1-9, default 2), ``operations`` (any non-empty subset of ``"+-*"``, each
     problem draws one uniformly; default ``"+"``). Subtraction may go negative (``"12-57="`` ->
     ``"-45"``). Rows carry the operands and operator as extra columns (``a``, ``op``, ``b``).
     """
