@@ -238,6 +238,9 @@ def batch_metrics(run: Run, batch: Rollouts, adv_N: torch.Tensor) -> dict[str, f
         m[f"rewards/{rf.name}/mean"] = col[ok].mean().item() if ok.any() else float("nan")
         m[f"rewards/{rf.name}/std"] = col[ok].std().item() if ok.sum() > 1 else 0.0
         m[f"rewards/{rf.name}/errors"] = float(run.reward_errors.get(rf.name, 0))
+        stats = getattr(rf.fn, "stats", None)  # checkers count their verdict reasons since the run began
+        if stats is not None:
+            m[f"rewards/{rf.name}/timeouts"] = float(stats.get("timeout", 0))
     return m
 
 
