@@ -44,7 +44,7 @@ def char_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
 
 
-def build_model(name: str, tok, dtype: torch.dtype, device: str):
+def build_model(name: str, tok, dtype: torch.dtype, device: str, keep_eos: bool = False):
     """``tiny``: the shipped tiny model (rlvr/models/tiny-arith) when it is there, else ``llama-3m``.
     ``llama-3m``: a ~3.2M Llama (hidden 256, 4 layers, 4 heads, char vocabulary).
     ``llama-25m``: hidden 512, 8 layers.
@@ -52,7 +52,7 @@ def build_model(name: str, tok, dtype: torch.dtype, device: str):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    shipped = _shipped_tiny() if name == "tiny" else None
+    shipped = _shipped_tiny(keep_eos) if name == "tiny" else None
     if shipped is not None:
         model, tok, source = shipped
         return model.to(device=device, dtype=dtype), tok, source
@@ -77,7 +77,7 @@ def build_model(name: str, tok, dtype: torch.dtype, device: str):
     return model.to(device=device, dtype=dtype).eval(), tok, source
 
 
-def _shipped_tiny():
+def _shipped_tiny(keep_eos: bool):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rlvr.models import tiny_model_path
@@ -87,8 +87,9 @@ def _shipped_tiny():
     except FileNotFoundError:
         return None
     model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-    model.generation_config.eos_token_id = [10**9]  # an id no model emits: fixed-length completions
-    return model.eval(), tok, f"shipped {path.name}"
+    if not keep_eos:
+        model.generation_config.eos_token_id = [10**9]  # an id no model emits: fixed-length completions
+    return model.eval(), tok, f"shipped {path.name}" + (" (real EOS)" if keep_eos else "")
 
 
 def matmul_flops(dtype: torch.dtype, device: str, size: int = 2048, reps: int = 10) -> float:
@@ -119,7 +120,7 @@ def matmul_params(model) -> int:
 def bench_model(name: str, args) -> dict:
     dtype = getattr(torch, args.dtype)
     tok = char_tokenizer()
-    model, tok, source = build_model(name, tok, dtype, args.device)
+    model, tok, source = build_model(name, tok, dtype, args.device, args.keep_eos)
     rng = torch.Generator().manual_seed(0)
     prompts = []
     for _ in range(args.prompts):
@@ -170,6 +171,8 @@ def bench_model(name: str, args) -> dict:
             "matmul_bound_fraction": 2 * n_params * tps / flops,
             **({"peak_memory_bytes": peak[e]} if e in peak else {}),
         }
+    if "native" in engines:
+        result["native_cpu_threads"] = getattr(engines["native"], "cpu_threads", None)
     if "hf" in engines:
         for e in engines:
             if e != "hf":
@@ -189,6 +192,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--keep-eos", action="store_true",
+                   help="shipped tiny model only: keep its EOS, so completions have the default task's real lengths")
     p.add_argument("--json", action="store_true", help="print one JSON object (default: a short table too)")
     args = p.parse_args()
     args.engines = args.engines.split(",")

@@ -133,6 +133,16 @@ def make_completion(
     )
 
 
+def batch_decode(tokenizer, ids: list[list[int]]) -> list[str]:
+    """``tokenizer.batch_decode(ids, skip_special_tokens=True)``, through the Rust tokenizer directly
+    when that gives the same text: transformers' wrapper walks every id through ``to_py_obj`` /
+    ``isinstance`` first, which measured ~20% of a short-completion rollout of the tiny model."""
+    fast = getattr(tokenizer, "_tokenizer", None)
+    if fast is not None and hasattr(fast, "decode_batch") and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return fast.decode_batch(ids, skip_special_tokens=True)
+    return tokenizer.batch_decode(ids, skip_special_tokens=True)
+
+
 def left_pad(prompt_ids: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded ``ids_BP`` and ``mask_BP`` (1 = real token), the layout decoders want: every row's
     next token goes in the same column."""

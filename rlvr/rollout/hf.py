@@ -13,6 +13,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from rlvr.rollout.base import Completion, SamplingParams
 from rlvr.rollout.common import (
+    batch_decode,
     left_pad,
     make_completion,
     policy_eval,
@@ -94,22 +95,22 @@ class HFEngine:
         is_eos_NC = torch.isin(tokens_NC, torch.tensor(self.eos_ids, device=tokens_NC.device))
         tokens, logps, eos_hits = tokens_NC.tolist(), logp_NC.tolist(), is_eos_NC.tolist()
 
-        completions = []
         rows = [i for i in range(len(prompt_ids)) for _ in range(n)] if greedy else range(len(prompt_ids) * n)
-        for i, row in enumerate(rows):
-            hits = eos_hits[row]
-            length = hits.index(True) + 1 if True in hits else len(hits)
-            completions.append(
-                make_completion(
-                    prompt_index=i // n,
-                    token_ids=tokens[row][:length],
-                    logprobs=logps[row][:length],
-                    hit_eos=hits[length - 1],
-                    tokenizer=self.tokenizer,
-                    stops=sampling.stop,
-                )
+        lengths = [eos_hits[row].index(True) + 1 if True in eos_hits[row] else len(eos_hits[row]) for row in rows]
+        ids = [tokens[row][:length] for row, length in zip(rows, lengths)]
+        texts = batch_decode(self.tokenizer, ids)
+        return [
+            make_completion(
+                prompt_index=i // n,
+                token_ids=row_ids,
+                logprobs=logps[row][: len(row_ids)],
+                hit_eos=eos_hits[row][len(row_ids) - 1],
+                tokenizer=self.tokenizer,
+                stops=sampling.stop,
+                text=text,
             )
-        return completions
+            for i, (row, row_ids, text) in enumerate(zip(rows, ids, texts))
+        ]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """No-op: the engine samples from the live policy object, so it is always current."""

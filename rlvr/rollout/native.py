@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from rlvr.rollout.base import Completion, SamplingParams
 from rlvr.rollout.common import (
     TokenSampler,
+    batch_decode,
     left_pad,
     make_completion,
     make_generator,
@@ -122,9 +123,6 @@ class LlamaFamilyDecoder:
     """
 
     def __init__(self, model):
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-        self._rope = apply_rotary_pos_emb  # same function as the HF forward: same rounding
         lm = _unwrap(model)
         base = lm.model
         self.embed, self.layers, self.norm, self.rotary, self.lm_head = (
@@ -137,54 +135,51 @@ class LlamaFamilyDecoder:
         self.D = attn0.head_dim
         self.Gq = self.H // self.Hkv
         self.scale = attn0.scaling
-        self.qk_norm = hasattr(attn0, "q_norm")  # Qwen3: RMSNorm per head on q and k, before RoPE
-
-    def _qkv(self, attn, h_BTE: torch.Tensor, cos, sin):
-        B, T, _ = h_BTE.shape
-        q = attn.q_proj(h_BTE).view(B, T, self.H, self.D)
-        k = attn.k_proj(h_BTE).view(B, T, self.Hkv, self.D)
-        v = attn.v_proj(h_BTE).view(B, T, self.Hkv, self.D).transpose(1, 2)
-        if self.qk_norm:
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = self._rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-        return q, k, v  # [B, H, T, D], [B, Hkv, T, D], [B, Hkv, T, D]
 
     def prefill(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, n: int, max_new: int) -> torch.Tensor:
         """Run the B prompts once, broadcast their KV into the n rows of each group; returns logits_BV
         of each prompt's last position."""
         B, P = ids_BP.shape
         N, S = B * n, P + max_new
+        device = ids_BP.device
         valid_BP = mask_BP.bool()
         pos_BP = (mask_BP.cumsum(-1) - 1).clamp(min=0)
-        x = self.embed(ids_BP)
-        cos, sin = self.rotary(x, pos_BP)
+        x = self.embed(ids_BP)  # [B, P, E]
+        self.layer_ops = [_LayerOps(layer, x.dtype) for layer in self.layers]
+        # RoPE table for every position this request can reach, from the model's own rotary module
+        # (so scaled / NTK variants are honoured); the sine's first half is negated so that
+        # rotate_half(q)·sin == roll(q, D/2)·sin_signed.
+        cos_1SD, sin_1SD = self.rotary(x, torch.arange(S, device=device)[None])
+        self.cos_SD = cos_1SD[0]
+        self.sin_signed_SD = torch.cat((-sin_1SD[0, :, : self.D // 2], sin_1SD[0, :, self.D // 2 :]), dim=-1)
+        cos_BP1D = self.cos_SD[pos_BP][:, :, None]
+        sin_BP1D = self.sin_signed_SD[pos_BP][:, :, None]
+        half = self.D // 2
         # Causal and padding mask; each position also sees itself so left-pad rows are never all -inf
         # (their outputs are never read, and their keys are masked for every real query).
-        causal_PP = torch.ones(P, P, dtype=torch.bool, device=ids_BP.device).tril()
-        eye_PP = torch.eye(P, dtype=torch.bool, device=ids_BP.device)
+        causal_PP = torch.ones(P, P, dtype=torch.bool, device=device).tril()
+        eye_PP = torch.eye(P, dtype=torch.bool, device=device)
         attn_mask = ((causal_PP[None] & valid_BP[:, None, :]) | eye_PP[None])[:, None]  # [B, 1, P, P]
-        dtype = x.dtype
-        self.k_cache = [torch.empty(N, self.Hkv, S, self.D, dtype=dtype, device=x.device) for _ in self.layers]
-        self.v_cache = [torch.empty(N, self.Hkv, S, self.D, dtype=dtype, device=x.device) for _ in self.layers]
-        for layer, kc, vc in zip(self.layers, self.k_cache, self.v_cache):
-            attn = layer.self_attn
-            q, k, v = self._qkv(attn, layer.input_layernorm(x), cos, sin)
+        self.k_cache = [torch.empty(N, self.Hkv, S, self.D, dtype=x.dtype, device=device) for _ in self.layers]
+        self.v_cache = [torch.empty(N, self.Hkv, S, self.D, dtype=x.dtype, device=device) for _ in self.layers]
+        for ops, kc, vc in zip(self.layer_ops, self.k_cache, self.v_cache):
+            h = ops.norm1(x)
+            q = ops.q(h).view(B, P, self.H, self.D)
+            k = ops.k(h).view(B, P, self.Hkv, self.D)
+            if ops.q_norm is not None:
+                q, k = ops.q_norm(q), ops.k_norm(k)
+            q = (q * cos_BP1D + q.roll(half, -1) * sin_BP1D).transpose(1, 2)  # [B, H, P, D]
+            k = (k * cos_BP1D + k.roll(half, -1) * sin_BP1D).transpose(1, 2)  # [B, Hkv, P, D]
+            v = ops.v(h).view(B, P, self.Hkv, self.D).transpose(1, 2)
             # Prompt KV shared by the group: one broadcast copy into the n rows, no recompute.
             kc.view(B, n, self.Hkv, S, self.D)[:, :, :, :P].copy_(k[:, None])
             vc.view(B, n, self.Hkv, S, self.D)[:, :, :, :P].copy_(v[:, None])
             if self.Gq > 1:
                 k, v = k.repeat_interleave(self.Gq, dim=1), v.repeat_interleave(self.Gq, dim=1)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
-            x = x + attn.o_proj(o.transpose(1, 2).reshape(B, P, self.H * self.D))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        # RoPE table for every position this request can reach, from the model's own rotary module
-        # (so scaled / NTK variants are honoured); the sine's first half is negated so that
-        # rotate_half(q)·sin == roll(q, D/2)·sin_signed.
-        cos_1SD, sin_1SD = self.rotary(x, torch.arange(S, device=x.device)[None])
-        self.cos_SD = cos_1SD[0]
-        self.sin_signed_SD = torch.cat((-sin_1SD[0, :, : self.D // 2], sin_1SD[0, :, self.D // 2 :]), dim=-1)
-        self.layer_ops = [_LayerOps(layer, x.dtype) for layer in self.layers]
-        self.key_valid_NS = torch.ones(N, S, dtype=torch.bool, device=x.device)
+            x = x + ops.o(o.transpose(1, 2).reshape(B, P, self.H * self.D))
+            x = x + ops.mlp(ops.norm2(x))
+        self.key_valid_NS = torch.ones(N, S, dtype=torch.bool, device=device)
         self.key_valid_NS[:, :P] = valid_BP.repeat_interleave(n, dim=0)
         self.pos_N = mask_BP.sum(-1).repeat_interleave(n, dim=0)  # next position = prompt length
         self.cur = P
@@ -368,7 +363,7 @@ class NativeEngine:
         eos = set(self.eos_ids)
         lengths = [toks.index(-1) if -1 in toks else len(toks) for toks in tokens]  # -1: row had finished
         ids = [toks[:length] for toks, length in zip(tokens, lengths)]
-        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)  # one call, not N
+        texts = batch_decode(self.tokenizer, ids)
         return [
             make_completion(
                 row // n, row_ids, lps[: len(row_ids)], bool(row_ids) and row_ids[-1] in eos,
