@@ -100,6 +100,8 @@ class GroupFilter:
             del hist[:-max(self.cfg.skip_after, 4)]
         self._m["dapo/rounds"] += 1
         self._m["dapo/groups_generated"] += part.num_groups
+        self._m["dapo/tokens_generated"] += sum(len(c.token_ids) for c in part.completions)
+        self._m["dapo/informative_groups"] += sum(o == "mixed" for o in outcomes)
         if not self.cfg.dynamic_sampling:
             self._m["dapo/groups_kept"] += part.num_groups
             return part
