@@ -11,15 +11,16 @@ What it does differently from ``transformers.generate`` with ``num_return_sequen
   stop string), the survivors are compacted (one gather of the cache); between compactions the
   finished rows ride along, costing at most 1/3 extra work while saving a copy per step.
 - **Little per-token Python.** Sampling is specialised per request (the default T > 0 with no filters
-  is log_softmax + multinomial + gather); host syncs happen every ``sync_every`` steps (1 on CPU,
-  where they are free; 8 on CUDA, where each one stalls the stream).
+  is log_softmax, an inverse-CDF draw and a gather); host syncs happen every ``sync_every`` steps
+  (1 on CPU, where they are free; 8 on CUDA, where each one stalls the stream).
 
 Two decoders behind the loop:
 
-- ``LlamaFamilyDecoder`` — Llama, Qwen2, Qwen3 (and their PEFT-wrapped forms): calls the model's own
-  submodules (norms, projections, MLP, rotary embedding; so LoRA layers and live weights are used
-  as-is, nothing copied) around a preallocated cache and grouped-query attention done as one SDPA
-  call per layer. Tested for logits equality with the Hugging Face forward.
+- ``LlamaFamilyDecoder`` — Llama, Qwen2, Qwen3 (and their PEFT-wrapped forms): runs the model's own
+  live parameters (``F.linear`` / ``F.rms_norm`` on plain layers, the module itself for LoRA or other
+  wrapped layers, the model's rotary module for the RoPE table; nothing copied) around a
+  preallocated cache, with grouped-query attention as one SDPA call per layer. Tested for logits
+  equality with the Hugging Face forward.
 - ``HFCacheDecoder`` — any causal LM, through the model's own forward and Cache API
   (``batch_repeat_interleave`` to share the prompt, ``batch_select_indices`` to drop rows).
 """
