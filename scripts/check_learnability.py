@@ -5,10 +5,15 @@ This is the acceptance check for rlvr/models/tiny-arith (scripts/make_tiny_model
 of the trainer: if it fails here, the model is wrong, not the trainer. It is plain GRPO with one
 policy update per batch (so the importance ratio is exactly 1 and no clipping is active), group-
 relative advantages from ``rlvr.core.compute_advantages``, the task's own checker from ``REWARDS``,
-token-mean loss over the batch, and Adam.
+token-mean loss over the batch, and Adam. It also prints greedy accuracy by carry kind (none / into
+the tens / into the hundreds / both), which is where a too-high learning rate shows first: the
+model starts adding one where nothing carries.
+
+Measured (shared 2-core CPU, 1 thread): 25% -> 99.2 / 99.6 / 99.8% (seeds 0/1/2) in 60 steps of
+32 prompts x 8 at lr 1e-4, 30-100 s of training depending on the machine's load.
 
     PYTHONPATH=. python scripts/check_learnability.py                       # shipped model
-    PYTHONPATH=. python scripts/check_learnability.py --model /tmp/m --steps 40 --lr 2e-3
+    PYTHONPATH=. python scripts/check_learnability.py --model /tmp/m --steps 40 --lr 2e-4
 """
 
 from __future__ import annotations
@@ -89,6 +94,33 @@ def accuracy_by_carry(model, tokenizer, rows, max_tokens: int) -> dict[str, str]
     }
 
 
+def grpo_step(model, tokenizer, optimizer, rows, reward_fn, G: int, temperature: float, max_tokens: int) -> float:
+    """One on-policy GRPO step on ``rows`` (B prompts): sample G each, score, update. Returns the
+    mean reward of the batch.
+
+    One update per batch means the importance ratio is exactly 1, so the clipped surrogate's
+    gradient is the plain policy gradient -A·∇logp; the loss is a token mean over the batch
+    (TRL's "bnpo"/"dapo" on one process). No KL term (beta = 0, TRL's default).
+    """
+    prompt_ids_BP = torch.tensor([tokenizer(r["prompt"]).input_ids for r in rows])
+    ids_NT, mask_NT, truncated_N = sample(
+        model, prompt_ids_BP, G, temperature, max_tokens, tokenizer.eos_token_id, tokenizer.pad_token_id
+    )
+    texts = decode(tokenizer, ids_NT, mask_NT)
+    golds = [r["answer"] for r in rows for _ in range(G)]
+    rewards = reward_fn(None, texts, None, answer=golds, truncated=truncated_N.tolist())
+    adv_N = compute_advantages(rewards_from_lists([rewards]), G)
+
+    full_NL = torch.cat([prompt_ids_BP.repeat_interleave(G, dim=0), ids_NT], dim=1)
+    logits_NTV = model(input_ids=full_NL).logits[:, prompt_ids_BP.shape[1] - 1 : -1, :].float()
+    logp_NT = torch.log_softmax(logits_NTV / temperature, -1).gather(-1, ids_NT[..., None]).squeeze(-1)
+    loss = -(adv_N[:, None] * logp_NT * mask_NT).sum() / mask_NT.sum()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return sum(rewards) / len(rewards)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=None, help="default: the shipped tiny model")
@@ -96,13 +128,13 @@ def main() -> None:
     parser.add_argument("--prompts-per-step", type=int, default=32)
     parser.add_argument("--num-generations", type=int, default=8)
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=1e-4, help="5e-4 stalls near 80%%, 1e-3 breaks the arithmetic")
     parser.add_argument("--max-tokens", type=int, default=None, help="default: the task's suggestion")
     parser.add_argument("--eval-problems", type=int, default=500)
     parser.add_argument("--eval-every", type=int, default=0, help="also print held-out greedy accuracy every N steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save", type=Path, default=None, help="write the trained model here")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="1 is fastest on a shared machine")
     args = parser.parse_args()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -119,34 +151,16 @@ def main() -> None:
     eval_rows = task.eval_rows(args.eval_problems)
     stream = task.train_rows(args.seed)
 
-    model.eval()
+    model.eval()  # no dropout in this model; eval() only makes that explicit
     before = greedy_accuracy(model, tokenizer, eval_rows, max_tokens)
     print(f"held-out greedy accuracy before: {before:.3f}  ({time.perf_counter() - start:.1f}s)", flush=True)
     print(json.dumps(accuracy_by_carry(model, tokenizer, eval_rows, max_tokens), indent=1), flush=True)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    G = args.num_generations
     train_start = time.perf_counter()
     for step in range(args.steps):
         rows = [next(stream) for _ in range(args.prompts_per_step)]
-        prompt_ids_BP = torch.tensor([tokenizer(r["prompt"]).input_ids for r in rows])
-        ids_NT, mask_NT, truncated_N = sample(
-            model, prompt_ids_BP, G, args.temperature, max_tokens, tokenizer.eos_token_id, tokenizer.pad_token_id
-        )
-        texts = decode(tokenizer, ids_NT, mask_NT)
-        rewards = reward_fn(None, texts, None, answer=[r["answer"] for r in rows for _ in range(G)], truncated=truncated_N.tolist())
-        adv_N = compute_advantages(rewards_from_lists([rewards]), G)
-
-        # On-policy, one update per batch: ratio == 1, so the clipped surrogate's gradient is the
-        # plain policy gradient -A·∇logp; token-mean over the batch (TRL's "dapo"/"bnpo" here).
-        full_NL = torch.cat([prompt_ids_BP.repeat_interleave(G, dim=0), ids_NT], dim=1)
-        logits_NTV = model(input_ids=full_NL).logits[:, prompt_ids_BP.shape[1] - 1 : -1, :].float()
-        logp_NT = torch.log_softmax(logits_NTV / args.temperature, -1).gather(-1, ids_NT[..., None]).squeeze(-1)
-        loss = -(adv_N[:, None] * logp_NT * mask_NT).sum() / mask_NT.sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        mean_reward = grpo_step(model, tokenizer, optimizer, rows, reward_fn, args.num_generations, args.temperature, max_tokens)
         if step % 10 == 0 or step == args.steps - 1:
-            mean_reward = sum(rewards) / len(rewards)
             accuracy = ""
             if args.eval_every and step and step % args.eval_every == 0:
                 accuracy = f"  held-out greedy {greedy_accuracy(model, tokenizer, eval_rows[:200], max_tokens):.3f}"
