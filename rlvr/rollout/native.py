@@ -153,6 +153,8 @@ class LlamaFamilyDecoder:
         cos_1SD, sin_1SD = self.rotary(x, torch.arange(S, device=device)[None])
         self.cos_SD = cos_1SD[0]
         self.sin_signed_SD = torch.cat((-sin_1SD[0, :, : self.D // 2], sin_1SD[0, :, self.D // 2 :]), dim=-1)
+        self.rope_SR = torch.cat((self.cos_SD, self.sin_signed_SD), dim=-1)  # R = 2D
+        self.final_norm, self.head = _rms_norm(self.norm, x.dtype), _linear(self.lm_head)
         cos_BP1D = self.cos_SD[pos_BP][:, :, None]
         sin_BP1D = self.sin_signed_SD[pos_BP][:, :, None]
         half = self.D // 2
@@ -198,9 +200,9 @@ class LlamaFamilyDecoder:
         """
         M, s = token_M.shape[0], self.cur
         x = self.embed(token_M)  # [M, E]
-        cos_M1D = self.cos_SD.index_select(0, self.pos_N)[:, None]
-        sin_M1D = self.sin_signed_SD.index_select(0, self.pos_N)[:, None]
-        half = self.D // 2
+        rope_M1R = self.rope_SR.index_select(0, self.pos_N)[:, None]  # one gather for cos and sin
+        cos_M1D, sin_M1D = rope_M1R[..., : self.D], rope_M1R[..., self.D :]
+        half, H = self.D // 2, self.H
         # Grouped-query attention without expanding K/V: the Gq query heads that share a KV head play
         # the role of SDPA's query-length axis, so one call serves every head on the unexpanded cache.
         attn_mask = self.key_valid_NS[:, None, None, : s + 1]  # [M, 1, 1, s+1]
@@ -210,8 +212,10 @@ class LlamaFamilyDecoder:
             k = ops.k(h).view(M, self.Hkv, self.D)
             if ops.q_norm is not None:
                 q, k = ops.q_norm(q), ops.k_norm(k)
-            q = q * cos_M1D + q.roll(half, -1) * sin_M1D
-            kc[:, :, s] = k * cos_M1D + k.roll(half, -1) * sin_M1D
+            qk = torch.cat((q, k), dim=1)  # [M, H + Hkv, D]: RoPE on both in one pass
+            qk = qk * cos_M1D + qk.roll(half, -1) * sin_M1D
+            q = qk[:, :H]
+            kc[:, :, s] = qk[:, H:]
             vc[:, :, s] = ops.v(h).view(M, self.Hkv, self.D)
             o = F.scaled_dot_product_attention(
                 q.view(M, self.Hkv, self.Gq, self.D), kc[:, :, : s + 1], vc[:, :, : s + 1],
@@ -221,7 +225,7 @@ class LlamaFamilyDecoder:
             x = x + ops.mlp(ops.norm2(x))
         self.cur += 1
         self.pos_N = self.pos_N + 1
-        return self.lm_head(self.norm(x))
+        return self.head(self.final_norm(x))
 
     def select(self, rows_M: torch.Tensor) -> None:
         """Keep only ``rows_M`` (one gather per cache tensor)."""
@@ -400,12 +404,18 @@ class NativeEngine:
         logits_MV = logits_BV.repeat_interleave(n, dim=0)
         rows_M = torch.arange(N, device=device)  # which original row each live batch row is
         alive_M = torch.ones(N, dtype=torch.bool, device=device)
+        compacted = False
         try:
             for t in range(C):
                 token_M, logp_M = sampler(logits_MV, seen_MV)
-                tokens_NC[rows_M, t] = torch.where(alive_M, token_M, -1)
-                logp_NC[rows_M, t] = logp_M
-                alive_M = alive_M & ~torch.isin(token_M, eos_E)
+                if compacted:
+                    tokens_NC[rows_M, t] = torch.where(alive_M, token_M, -1)
+                    logp_NC[rows_M, t] = logp_M
+                else:  # every row still in the batch: a strided copy, cheaper than index_put
+                    tokens_NC[:, t] = torch.where(alive_M, token_M, -1)
+                    logp_NC[:, t] = logp_M
+                is_eos_M = token_M == self.eos_ids[0] if len(self.eos_ids) == 1 else torch.isin(token_M, eos_E)
+                alive_M = alive_M & ~is_eos_M
                 if seen_MV is not None:
                     seen_MV[torch.arange(token_M.shape[0], device=device), token_M] = True
                 if t == C - 1:
@@ -422,6 +432,7 @@ class NativeEngine:
                         keep_M = alive_M.nonzero().squeeze(1)
                         decoder.select(keep_M)
                         rows_M, token_M, alive_M = rows_M[keep_M], token_M[keep_M], alive_M[keep_M]
+                        compacted = True
                         seen_MV = None if seen_MV is None else seen_MV[keep_M]
                 logits_MV = decoder.decode(token_M)
         finally:
