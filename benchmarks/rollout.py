@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rlvr.rollout import SamplingParams, make_engine  # noqa: E402
+from rlvr.rollout import SamplingParams, make_engine
 
 
 def char_tokenizer():
@@ -41,15 +41,24 @@ def char_tokenizer():
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
 
 
-def build_model(name: str, tok, dtype: torch.dtype, device: str, keep_eos: bool = False):
+def build_model(
+    name: str, tok, dtype: torch.dtype, device: str, keep_eos: bool = False
+):
     """``tiny``: the shipped tiny model (rlvr/models/tiny-arith) when it is there, else ``llama-3m``.
     ``llama-3m``: a ~3.2M Llama (hidden 256, 4 layers, 4 heads, char vocabulary).
     ``llama-25m``: hidden 512, 8 layers.
     ``qwen2.5-0.5b``: Qwen2.5-0.5B's architecture with random weights (GPU runs)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     torch.manual_seed(0)
     shipped = _shipped_tiny(keep_eos) if name == "tiny" else None
@@ -57,22 +66,52 @@ def build_model(name: str, tok, dtype: torch.dtype, device: str, keep_eos: bool 
         model, tok, source = shipped
         return model.to(device=device, dtype=dtype), tok, source
     if name in ("tiny", "llama-3m"):
-        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256)
-        model, source = LlamaForCausalLM(cfg), "llama-3m stand-in" if name == "tiny" else "LlamaConfig"
+        cfg = LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=256,
+            intermediate_size=688,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=256,
+        )
+        model, source = (
+            LlamaForCausalLM(cfg),
+            "llama-3m stand-in" if name == "tiny" else "LlamaConfig",
+        )
     elif name == "llama-25m":
-        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
-                          num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=256)
+        cfg = LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=512,
+            intermediate_size=1376,
+            num_hidden_layers=8,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            max_position_embeddings=256,
+        )
         model, source = LlamaForCausalLM(cfg), "LlamaConfig"
     elif name == "qwen2.5-0.5b":
         # Qwen2.5-0.5B's published config.json, typed out (no hub access on these machines).
-        cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                          num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                          rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+        cfg = Qwen2Config(
+            vocab_size=151936,
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            max_position_embeddings=32768,
+            rope_theta=1000000.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+        )
         model, source = Qwen2ForCausalLM(cfg), "Qwen2.5-0.5B config, random weights"
     else:
-        raise SystemExit(f"unknown model {name!r}; choose tiny, llama-3m, llama-25m or qwen2.5-0.5b")
-    model.generation_config.eos_token_id = tok.convert_tokens_to_ids("<never>")  # fixed-length completions
+        raise SystemExit(
+            f"unknown model {name!r}; choose tiny, llama-3m, llama-25m or qwen2.5-0.5b"
+        )
+    model.generation_config.eos_token_id = tok.convert_tokens_to_ids(
+        "<never>"
+    )  # fixed-length completions
     model.generation_config.pad_token_id = tok.pad_token_id
     return model.to(device=device, dtype=dtype).eval(), tok, source
 
@@ -86,13 +125,24 @@ def _shipped_tiny(keep_eos: bool):
         path = tiny_model_path()
     except FileNotFoundError:
         return None
-    model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    model, tok = (
+        AutoModelForCausalLM.from_pretrained(path),
+        AutoTokenizer.from_pretrained(path),
+    )
     if not keep_eos:
-        model.generation_config.eos_token_id = [10**9]  # an id no model emits: fixed-length completions
-    return model.eval(), tok, f"shipped {path.name}" + (" (real EOS)" if keep_eos else "")
+        model.generation_config.eos_token_id = [
+            10**9
+        ]  # an id no model emits: fixed-length completions
+    return (
+        model.eval(),
+        tok,
+        f"shipped {path.name}" + (" (real EOS)" if keep_eos else ""),
+    )
 
 
-def matmul_flops(dtype: torch.dtype, device: str, size: int = 2048, reps: int = 10) -> float:
+def matmul_flops(
+    dtype: torch.dtype, device: str, size: int = 2048, reps: int = 10
+) -> float:
     a = torch.randn(size, size, dtype=dtype, device=device)
     b = torch.randn(size, size, dtype=dtype, device=device)
     for _ in range(2):
@@ -114,7 +164,9 @@ def matmul_params(model) -> int:
     emb = model.get_input_embeddings().weight
     total = sum(p.numel() for p in model.parameters())
     tied = model.get_output_embeddings().weight is emb
-    return total - (0 if tied else emb.numel())  # a tied table still does the lm_head matmul
+    return total - (
+        0 if tied else emb.numel()
+    )  # a tied table still does the lm_head matmul
 
 
 def bench_model(name: str, args) -> dict:
@@ -126,8 +178,13 @@ def bench_model(name: str, args) -> dict:
     for _ in range(args.prompts):
         a, b = torch.randint(10, 99, (2,), generator=rng).tolist()
         prompts.append(tok.encode(f"{a}+{b}="))
-    if name == "qwen2.5-0.5b":  # fixed-length prompts of random ids for the large vocabulary
-        prompts = [torch.randint(0, 150000, (args.prompt_len,), generator=rng).tolist() for _ in range(args.prompts)]
+    if (
+        name == "qwen2.5-0.5b"
+    ):  # fixed-length prompts of random ids for the large vocabulary
+        prompts = [
+            torch.randint(0, 150000, (args.prompt_len,), generator=rng).tolist()
+            for _ in range(args.prompts)
+        ]
     sampling = SamplingParams(temperature=1.0, max_tokens=args.max_tokens, seed=0)
     engines = {e: make_engine(e, model, tok) for e in args.engines}
     times: dict[str, list[float]] = {e: [] for e in engines}
@@ -176,25 +233,44 @@ def bench_model(name: str, args) -> dict:
     if "hf" in engines:
         for e in engines:
             if e != "hf":
-                result[f"speedup_{e}_vs_hf"] = result["engines"][e]["tokens_per_s"] / result["engines"]["hf"]["tokens_per_s"]
+                result[f"speedup_{e}_vs_hf"] = (
+                    result["engines"][e]["tokens_per_s"]
+                    / result["engines"]["hf"]["tokens_per_s"]
+                )
     return result
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--models", default="tiny,llama-25m")
     p.add_argument("--engines", default="hf,native")
-    p.add_argument("--prompts", type=int, default=8, help="distinct prompts B (default config: 64 completions / G=8)")
+    p.add_argument(
+        "--prompts",
+        type=int,
+        default=8,
+        help="distinct prompts B (default config: 64 completions / G=8)",
+    )
     p.add_argument("--G", type=int, default=8, help="completions per prompt")
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--prompt-len", type=int, default=64, help="prompt length for qwen2.5-0.5b")
+    p.add_argument(
+        "--prompt-len", type=int, default=64, help="prompt length for qwen2.5-0.5b"
+    )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--keep-eos", action="store_true",
-                   help="shipped tiny model only: keep its EOS, so completions have the default task's real lengths")
-    p.add_argument("--json", action="store_true", help="print one JSON object (default: a short table too)")
+    p.add_argument(
+        "--keep-eos",
+        action="store_true",
+        help="shipped tiny model only: keep its EOS, so completions have the default task's real lengths",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object (default: a short table too)",
+    )
     args = p.parse_args()
     args.engines = args.engines.split(",")
     torch.set_num_threads(args.threads)
@@ -209,9 +285,13 @@ def main() -> None:
         print(json.dumps(results, indent=2))
         return
     for r in results["results"]:
-        print(f"{r['model']} ({r['params'] / 1e6:.1f}M params, B={r['prompts']} G={r['G']} max_tokens={r['max_tokens']})")
+        print(
+            f"{r['model']} ({r['params'] / 1e6:.1f}M params, B={r['prompts']} G={r['G']} max_tokens={r['max_tokens']})"
+        )
         for e, m in r["engines"].items():
-            print(f"  {e:8s} {m['tokens_per_s']:10.0f} tok/s   {m['matmul_bound_fraction']:.2%} of matmul bound")
+            print(
+                f"  {e:8s} {m['tokens_per_s']:10.0f} tok/s   {m['matmul_bound_fraction']:.2%} of matmul bound"
+            )
         for k, v in r.items():
             if k.startswith("speedup_"):
                 print(f"  {k}: {v:.2f}x")

@@ -6,7 +6,7 @@ prompt is recomputed G times); it is correct for any causal LM and slow. Use ``n
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
@@ -29,11 +29,18 @@ class _StopStrings(StoppingCriteria):
     clarity over speed). Rows that already stopped are frozen by generate with pad tokens."""
 
     def __init__(self, tokenizer, stops: Sequence[str], prompt_len: int):
-        self.tokenizer, self.stops, self.prompt_len = tokenizer, tuple(stops), prompt_len
+        self.tokenizer, self.stops, self.prompt_len = (
+            tokenizer,
+            tuple(stops),
+            prompt_len,
+        )
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.BoolTensor:
         done = [
-            stop_prefix_length(row[self.prompt_len :].tolist(), self.tokenizer, self.stops) is not None
+            stop_prefix_length(
+                row[self.prompt_len :].tolist(), self.tokenizer, self.stops
+            )
+            is not None
             for row in input_ids
         ]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
@@ -45,13 +52,17 @@ class HFEngine:
     samples_live_policy = True
     receives_weights = True  # trivially: it *is* the policy
 
-    def __init__(self, model, tokenizer, eos_token_ids: int | Sequence[int] | None = None):
+    def __init__(
+        self, model, tokenizer, eos_token_ids: int | Sequence[int] | None = None
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids = resolve_eos_ids(model, tokenizer, eos_token_ids)
         self.pad_id = resolve_pad_id(tokenizer, self.eos_ids)
 
-    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams) -> list[Completion]:
+    def generate(
+        self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams
+    ) -> list[Completion]:
         validate_request(prompt_ids, n, sampling)
         device = next(self.model.parameters()).device
         ids_BP, mask_BP = left_pad(prompt_ids, self.pad_id, device)
@@ -60,43 +71,69 @@ class HFEngine:
         # Every knob passed explicitly: a model's generation_config may carry its own defaults
         # (top_k=50 in transformers, Qwen's top_p=0.8 / repetition_penalty=1.05) that would silently
         # change what "temperature=1, no filters" means.
-        kwargs = dict(
-            do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_k=0 if greedy else sampling.top_k,
-            top_p=None if greedy else sampling.top_p,
-            min_p=None if greedy or sampling.min_p == 0.0 else sampling.min_p,
-            repetition_penalty=sampling.repetition_penalty,
-            max_new_tokens=sampling.max_tokens,
-            min_new_tokens=0,
+        kwargs = {
+            "do_sample": not greedy,
+            "temperature": None if greedy else sampling.temperature,
+            "top_k": 0 if greedy else sampling.top_k,
+            "top_p": None if greedy else sampling.top_p,
+            "min_p": None if greedy or sampling.min_p == 0.0 else sampling.min_p,
+            "repetition_penalty": sampling.repetition_penalty,
+            "max_new_tokens": sampling.max_tokens,
+            "min_new_tokens": 0,
             # Greedy rows of one prompt are identical (and generate refuses n > 1 without sampling):
             # decode once per prompt and repeat the result below.
-            num_return_sequences=1 if greedy else n,
-            num_beams=1,
-            eos_token_id=list(self.eos_ids),
-            pad_token_id=self.pad_id,
-            output_logits=True,  # raw logits: the log-prob contract is on the unfiltered distribution
-            return_dict_in_generate=True,
-            use_cache=True,
-        )
+            "num_return_sequences": 1 if greedy else n,
+            "num_beams": 1,
+            "eos_token_id": list(self.eos_ids),
+            "pad_token_id": self.pad_id,
+            "output_logits": True,  # raw logits: the log-prob contract is on the unfiltered distribution
+            "return_dict_in_generate": True,
+            "use_cache": True,
+        }
         if sampling.stop:
-            kwargs["stopping_criteria"] = StoppingCriteriaList([_StopStrings(self.tokenizer, sampling.stop, P)])
+            kwargs["stopping_criteria"] = StoppingCriteriaList(
+                [_StopStrings(self.tokenizer, sampling.stop, P)]
+            )
         devices = [device] if device.type == "cuda" else []
-        with policy_eval(self.model), torch.random.fork_rng(devices=devices, enabled=sampling.seed is not None):
+        with (
+            policy_eval(self.model),
+            torch.random.fork_rng(devices=devices, enabled=sampling.seed is not None),
+        ):
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
-            out = self.model.generate(input_ids=ids_BP, attention_mask=mask_BP, **kwargs)
+            out = self.model.generate(
+                input_ids=ids_BP, attention_mask=mask_BP, **kwargs
+            )
         tokens_NC = out.sequences[:, P:]
         # log_softmax(logits / T) at the sampled token; greedy reports T = 1 (rlvr.rollout.common).
         logits_NCV = torch.stack(out.logits, dim=1).float()
         if not greedy:
             logits_NCV = logits_NCV / sampling.temperature
-        logp_NC = torch.log_softmax(logits_NCV, dim=-1).gather(2, tokens_NC[:, :, None]).squeeze(2)
-        is_eos_NC = torch.isin(tokens_NC, torch.tensor(self.eos_ids, device=tokens_NC.device))
-        tokens, logps, eos_hits = tokens_NC.tolist(), logp_NC.tolist(), is_eos_NC.tolist()
+        logp_NC = (
+            torch.log_softmax(logits_NCV, dim=-1)
+            .gather(2, tokens_NC[:, :, None])
+            .squeeze(2)
+        )
+        is_eos_NC = torch.isin(
+            tokens_NC, torch.tensor(self.eos_ids, device=tokens_NC.device)
+        )
+        tokens, logps, eos_hits = (
+            tokens_NC.tolist(),
+            logp_NC.tolist(),
+            is_eos_NC.tolist(),
+        )
 
-        rows = [i for i in range(len(prompt_ids)) for _ in range(n)] if greedy else range(len(prompt_ids) * n)
-        lengths = [eos_hits[row].index(True) + 1 if True in eos_hits[row] else len(eos_hits[row]) for row in rows]
+        rows = (
+            [i for i in range(len(prompt_ids)) for _ in range(n)]
+            if greedy
+            else range(len(prompt_ids) * n)
+        )
+        lengths = [
+            eos_hits[row].index(True) + 1
+            if True in eos_hits[row]
+            else len(eos_hits[row])
+            for row in rows
+        ]
         ids = [tokens[row][:length] for row, length in zip(rows, lengths)]
         texts = batch_decode(self.tokenizer, ids)
         return [

@@ -37,7 +37,10 @@ def logprob_mismatch_metrics(
       (the GSPO sequence ratio). Healthy: all ≈ 1.
     - ``tokens``: how many tokens were compared.
     """
-    if sampler_logp_NT.shape != trainer_logp_NT.shape or sampler_logp_NT.shape != mask_NT.shape:
+    if (
+        sampler_logp_NT.shape != trainer_logp_NT.shape
+        or sampler_logp_NT.shape != mask_NT.shape
+    ):
         raise ValueError(
             "sampler_logp_NT, trainer_logp_NT and mask_NT must have the same [N, T] shape; got "
             f"{tuple(sampler_logp_NT.shape)}, {tuple(trainer_logp_NT.shape)}, {tuple(mask_NT.shape)}. "
@@ -46,7 +49,11 @@ def logprob_mismatch_metrics(
     mask_NT = mask_NT.bool()
     mask_f_NT = mask_NT.float()
     # Padding positions may hold anything (even NaN for "no log-prob"); zero them before arithmetic.
-    log_w_NT = torch.where(mask_NT, trainer_logp_NT.detach().float() - sampler_logp_NT.detach().float(), 0.0)
+    log_w_NT = torch.where(
+        mask_NT,
+        trainer_logp_NT.detach().float() - sampler_logp_NT.detach().float(),
+        0.0,
+    )
     n_tokens = mask_f_NT.sum()
     denom = n_tokens.clamp(min=1.0)
     w_NT = log_w_NT.exp()
@@ -82,7 +89,11 @@ def logprob_mismatch_metrics(
         PREFIX + "is_weight_min": masked_min(w_NT),
         PREFIX + "is_weight_max": masked_max(w_NT),
         PREFIX + "is_weight_frac_outside_2x": outside_NT.float().sum() / denom,
-        PREFIX + "seq_is_weight_mean": torch.where(any_seqs, (seq_w_N * has_tokens_N.float()).sum() / n_seqs.clamp(min=1.0), 1.0),
+        PREFIX + "seq_is_weight_mean": torch.where(
+            any_seqs,
+            (seq_w_N * has_tokens_N.float()).sum() / n_seqs.clamp(min=1.0),
+            1.0,
+        ),
         PREFIX + "seq_is_weight_min": seq_min,
         PREFIX + "seq_is_weight_max": seq_max,
         PREFIX + "tokens": n_tokens,
@@ -117,11 +128,15 @@ def check_mismatch(
     if abs_mean > max_abs_diff_mean:
         problems.append(f"mean |Δlogp| = {abs_mean:.4g} > {max_abs_diff_mean:g}")
     if outside > max_frac_outside_2x:
-        problems.append(f"{outside:.2%} of tokens have an importance weight outside [0.5, 2] (limit {max_frac_outside_2x:.2%})")
+        problems.append(
+            f"{outside:.2%} of tokens have an importance weight outside [0.5, 2] (limit {max_frac_outside_2x:.2%})"
+        )
     if not problems:
         return None
     return (
-        "sampler/trainer log-prob mismatch is large: " + "; ".join(problems) + ". The rollouts are "
+        "sampler/trainer log-prob mismatch is large: "
+        + "; ".join(problems)
+        + ". The rollouts are "
         "off-policy for the trainer. Usual causes: the sampler and trainer use different temperatures; "
         "top-p / top-k / min-p or a repetition penalty shape the sampling distribution (the trainer "
         "scores the unfiltered one); the sampler holds stale weights (an OpenAI-compatible server "

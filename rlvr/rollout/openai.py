@@ -42,8 +42,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Sequence
 
 import torch
 
@@ -78,14 +78,17 @@ class OpenAICompletionsEngine:
         self.model = model  # the live policy: only read when exporting for a reload
         self.tokenizer = tokenizer
         self.base_url = base_url.rstrip("/")
-        if self.base_url.endswith("/v1"):
-            self.base_url = self.base_url[: -len("/v1")]
-        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self.base_url = self.base_url.removesuffix("/v1")
+        self.api_key = (
+            api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        )
         self.timeout_s = timeout_s
         self.max_concurrency = max_concurrency
         self.eos_ids = resolve_eos_ids(model, tokenizer, eos_token_ids)
         if reload_every < 0:
-            raise ValueError(f"reload_every must be >= 0 (0 = never reload), got {reload_every}.")
+            raise ValueError(
+                f"reload_every must be >= 0 (0 = never reload), got {reload_every}."
+            )
         if reload_every and not (reload_url or reload_command):
             raise ValueError(
                 "openai engine: reload_every > 0 needs a way to tell the server to reload: set reload_url "
@@ -108,10 +111,14 @@ class OpenAICompletionsEngine:
         return self.policy_version - self.served_version
 
     # -- HTTP -----------------------------------------------------------------------------------
-    def _request(self, path: str, payload: dict | None = None, timeout: float | None = None) -> dict:
+    def _request(
+        self, path: str, payload: dict | None = None, timeout: float | None = None
+    ) -> dict:
         url = self.base_url + path
         data = None if payload is None else json.dumps(payload).encode()
-        req = urllib.request.Request(url, data=data, method="GET" if payload is None else "POST")
+        req = urllib.request.Request(
+            url, data=data, method="GET" if payload is None else "POST"
+        )
         req.add_header("Content-Type", "application/json")
         if self.api_key:
             req.add_header("Authorization", f"Bearer {self.api_key}")
@@ -133,7 +140,9 @@ class OpenAICompletionsEngine:
     def _first_served_model(self) -> str:
         models = self._request("/v1/models", timeout=30).get("data") or []
         if not models:
-            raise RuntimeError(f"openai engine: {self.base_url}/v1/models lists no model; pass model_name=...")
+            raise RuntimeError(
+                f"openai engine: {self.base_url}/v1/models lists no model; pass model_name=..."
+            )
         return models[0]["id"]
 
     # -- sampling -------------------------------------------------------------------------------
@@ -166,19 +175,31 @@ class OpenAICompletionsEngine:
         lp = choice.get("logprobs") or {}
         logprobs = lp.get("token_logprobs")
         ids = choice.get("token_ids")
-        if ids is None and lp.get("tokens") and all(str(t).startswith("token_id:") for t in lp["tokens"]):
+        if (
+            ids is None
+            and lp.get("tokens")
+            and all(str(t).startswith("token_id:") for t in lp["tokens"])
+        ):
             ids = [int(str(t).split(":", 1)[1]) for t in lp["tokens"]]
         if ids is None:
-            ids = self.tokenizer.encode(choice.get("text", ""), add_special_tokens=False)
-        if logprobs is not None and (len(logprobs) != len(ids) or any(x is None for x in logprobs)):
+            ids = self.tokenizer.encode(
+                choice.get("text", ""), add_special_tokens=False
+            )
+        if logprobs is not None and (
+            len(logprobs) != len(ids) or any(x is None for x in logprobs)
+        ):
             logprobs = None  # cannot be aligned with the ids: report none rather than wrong ones
         return list(ids), None if logprobs is None else [float(x) for x in logprobs]
 
-    def _one_prompt(self, index: int, prompt: list[int], n: int, sampling: SamplingParams) -> list[Completion]:
+    def _one_prompt(
+        self, index: int, prompt: list[int], n: int, sampling: SamplingParams
+    ) -> list[Completion]:
         resp = self._request("/v1/completions", self._payload(prompt, n, sampling))
         choices = sorted(resp.get("choices", []), key=lambda c: c.get("index", 0))
         if len(choices) != n:
-            raise RuntimeError(f"openai engine: asked for n={n} completions, the server returned {len(choices)}.")
+            raise RuntimeError(
+                f"openai engine: asked for n={n} completions, the server returned {len(choices)}."
+            )
         eos = set(self.eos_ids)
         out = []
         for choice in choices:
@@ -187,20 +208,39 @@ class OpenAICompletionsEngine:
             if cut is not None:
                 ids, logprobs = ids[:cut], None if logprobs is None else logprobs[:cut]
             completion = make_completion(
-                index, ids, logprobs, cut is not None, self.tokenizer, sampling.stop,
-                extra={"policy_lag": self.policy_lag, "server_finish_reason": choice.get("finish_reason")},
+                index,
+                ids,
+                logprobs,
+                cut is not None,
+                self.tokenizer,
+                sampling.stop,
+                extra={
+                    "policy_lag": self.policy_lag,
+                    "server_finish_reason": choice.get("finish_reason"),
+                },
             )
             # A server may stop on its own EOS list (e.g. the GGUF's) that we do not know about.
-            if cut is None and choice.get("finish_reason") == "stop" and len(ids) < sampling.max_tokens:
+            if (
+                cut is None
+                and choice.get("finish_reason") == "stop"
+                and len(ids) < sampling.max_tokens
+            ):
                 completion.finish_reason = "stop"
             out.append(completion)
         return out
 
-    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams) -> list[Completion]:
+    def generate(
+        self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams
+    ) -> list[Completion]:
         validate_request(prompt_ids, n, sampling)
         workers = max(1, min(self.max_concurrency, len(prompt_ids)))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            groups = list(pool.map(lambda ip: self._one_prompt(ip[0], ip[1], n, sampling), enumerate(prompt_ids)))
+            groups = list(
+                pool.map(
+                    lambda ip: self._one_prompt(ip[0], ip[1], n, sampling),
+                    enumerate(prompt_ids),
+                )
+            )
         return [c for group in groups for c in group]
 
     # -- staleness ------------------------------------------------------------------------------
@@ -225,13 +265,24 @@ class OpenAICompletionsEngine:
         os.replace(tmp, final)
         if self.reload_url:
             url = self.reload_url
-            req = urllib.request.Request(url, data=json.dumps({"path": final, "version": version}).encode(), method="POST")
+            req = urllib.request.Request(
+                url,
+                data=json.dumps({"path": final, "version": version}).encode(),
+                method="POST",
+            )
             req.add_header("Content-Type", "application/json")
             with urllib.request.urlopen(req, timeout=self.ready_timeout_s):
                 pass
         if self.reload_command:
             cmd = self.reload_command.format(path=shlex.quote(final), version=version)
-            done = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=self.ready_timeout_s)
+            done = subprocess.run(
+                cmd,
+                shell=True,
+                capture_output=True,
+                text=True,
+                timeout=self.ready_timeout_s,
+                check=False,
+            )
             if done.returncode != 0:
                 raise RuntimeError(
                     f"openai engine: reload_command exited {done.returncode}: {done.stderr[-500:]}. "

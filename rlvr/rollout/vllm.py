@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -43,7 +43,9 @@ def _require_vllm() -> None:
 
 def make_vllm_engine(model, tokenizer, mode: str = "colocate", **options):
     if mode not in VLLM_MODES:
-        raise ValueError(f"unknown vllm mode {mode!r}; valid choices: {', '.join(VLLM_MODES)}.")
+        raise ValueError(
+            f"unknown vllm mode {mode!r}; valid choices: {', '.join(VLLM_MODES)}."
+        )
     _require_vllm()
     if mode == "colocate":
         return VLLMColocateEngine(model, tokenizer, **options)
@@ -90,7 +92,13 @@ class VLLMColocateEngine:
             )
         # vLLM's in-process (external_launcher) executor keeps the model in this process, so its
         # load_weights can be called directly; it reads the torch.distributed rendezvous variables.
-        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533")):
+        for key, value in (
+            ("RANK", "0"),
+            ("LOCAL_RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29533"),
+        ):
             os.environ.setdefault(key, value)
         self.llm = LLM(
             model=path,
@@ -107,9 +115,14 @@ class VLLMColocateEngine:
         )
         # Level 2 discards the weights (they are re-pushed from the live policy before the next
         # rollout, as TRL does); a LoRA policy needs level 1, which keeps the base weights in CPU RAM.
-        self.sleep_mode, self.sleep_level = enable_sleep_mode, (1 if self.lora else sleep_level)
+        self.sleep_mode, self.sleep_level = (
+            enable_sleep_mode,
+            (1 if self.lora else sleep_level),
+        )
         self.version = 0
-        self._lora_dir = tempfile.mkdtemp(prefix="rlvr-vllm-lora-") if self.lora else None
+        self._lora_dir = (
+            tempfile.mkdtemp(prefix="rlvr-vllm-lora-") if self.lora else None
+        )
         self._lora_request = None
         self._weights_awake = True
         self._weights_current = True
@@ -121,7 +134,9 @@ class VLLMColocateEngine:
     def _sleep(self) -> None:
         self.llm.sleep(level=self.sleep_level)
         self._weights_awake = False
-        self._weights_current = self.sleep_level == 1  # level 1 restores the weights on wake-up
+        self._weights_current = (
+            self.sleep_level == 1
+        )  # level 1 restores the weights on wake-up
 
     def _wake_weights(self) -> None:
         if self.sleep_mode and not self._weights_awake:
@@ -132,7 +147,10 @@ class VLLMColocateEngine:
     def _push(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         self._wake_weights()
         model = self._vllm_model()
-        for name, tensor in named_tensors:  # one tensor at a time: no second full copy in memory
+        for (
+            name,
+            tensor,
+        ) in named_tensors:  # one tensor at a time: no second full copy in memory
             model.load_weights([(name, tensor.detach())])
         self.llm.reset_prefix_cache()  # cached prompt KV was computed by the old weights
         self._weights_current = True
@@ -145,7 +163,9 @@ class VLLMColocateEngine:
 
         path = os.path.join(self._lora_dir, f"v{self.version}")
         self.model.save_pretrained(path)
-        self._lora_request = LoRARequest(f"policy-v{self.version}", self.version + 1, path)
+        self._lora_request = LoRARequest(
+            f"policy-v{self.version}", self.version + 1, path
+        )
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Push the live policy's weights (after an optimizer step). LoRA: save the adapter instead."""
@@ -155,13 +175,17 @@ class VLLMColocateEngine:
             return
         self._push(named_tensors)
 
-    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams) -> list[Completion]:
+    def generate(
+        self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams
+    ) -> list[Completion]:
         from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
         validate_request(prompt_ids, n, sampling)
         if self.sleep_mode:
-            if not self._weights_current:  # level 2 forgot them: re-push the same policy (no new version)
+            if (
+                not self._weights_current
+            ):  # level 2 forgot them: re-push the same policy (no new version)
                 self._push(self.model.named_parameters())
             self._wake_weights()
             self.llm.wake_up(tags=["kv_cache"])
@@ -179,7 +203,9 @@ class VLLMColocateEngine:
             include_stop_str_in_output=True,
         )
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False,
+            [TokensPrompt(prompt_token_ids=p) for p in prompt_ids],
+            params,
+            use_tqdm=False,
             lora_request=self._lora_request,
         )
         if self.sleep_mode:
@@ -189,13 +215,27 @@ class VLLMColocateEngine:
         for index, request_output in enumerate(outputs):
             for out in sorted(request_output.outputs, key=lambda o: o.index):
                 ids = list(out.token_ids)
-                logprobs = [step[token].logprob for step, token in zip(out.logprobs, ids)] if out.logprobs else None
+                logprobs = (
+                    [step[token].logprob for step, token in zip(out.logprobs, ids)]
+                    if out.logprobs
+                    else None
+                )
                 cut = next((i + 1 for i, t in enumerate(ids) if t in eos), None)
                 if cut is not None:
-                    ids, logprobs = ids[:cut], None if logprobs is None else logprobs[:cut]
+                    ids, logprobs = (
+                        ids[:cut],
+                        None if logprobs is None else logprobs[:cut],
+                    )
                 completions.append(
-                    make_completion(index, ids, logprobs, cut is not None, self.tokenizer, sampling.stop,
-                                    extra={"policy_version": self.version})
+                    make_completion(
+                        index,
+                        ids,
+                        logprobs,
+                        cut is not None,
+                        self.tokenizer,
+                        sampling.stop,
+                        extra={"policy_version": self.version},
+                    )
                 )
         return completions
 
@@ -210,7 +250,15 @@ class VLLMServerEngine(OpenAICompletionsEngine):
 
     receives_weights = True
 
-    def __init__(self, model, tokenizer, base_url: str = "http://127.0.0.1:8000", device: int | str = 0, push_weights: bool = True, **options):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        base_url: str = "http://127.0.0.1:8000",
+        device: int | str = 0,
+        push_weights: bool = True,
+        **options,
+    ):
         super().__init__(model, tokenizer, base_url=base_url, **options)
         self.client = None
         if push_weights:
@@ -219,7 +267,9 @@ class VLLMServerEngine(OpenAICompletionsEngine):
                     "vllm server mode: pushing a PEFT (LoRA) policy is not supported yet; use mode='colocate' "
                     "(adapters are synced with LoRARequest) or merge the adapter before training."
                 )
-            from trl.generation.vllm_client import VLLMClient  # implements vLLM's weight-transfer protocol
+            from trl.generation.vllm_client import (
+                VLLMClient,  # implements vLLM's weight-transfer protocol
+            )
 
             self.client = VLLMClient(base_url=self.base_url)
             self.client.init_communicator(device=device)

@@ -38,12 +38,20 @@ class CompletionsServer:
 
             def do_GET(self):
                 if self.path == "/v1/models":
-                    self._send(200, {"object": "list", "data": [{"id": server.name, "object": "model"}]})
+                    self._send(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [{"id": server.name, "object": "model"}],
+                        },
+                    )
                 else:
                     self._send(404, {"error": "not found"})
 
             def do_POST(self):
-                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                payload = json.loads(
+                    self.rfile.read(int(self.headers["Content-Length"]))
+                )
                 if self.path == "/v1/completions":
                     self._send(200, server.complete(payload))
                 elif self.path == "/reload":
@@ -70,14 +78,19 @@ class CompletionsServer:
             seed=payload.get("seed"),
         )
         with self.lock, torch.no_grad():
-            out = self.engine.generate([payload["prompt"]], payload.get("n", 1), sampling)
+            out = self.engine.generate(
+                [payload["prompt"]], payload.get("n", 1), sampling
+            )
         choices = [
             {
                 "index": i,
                 "text": c.text,
                 "token_ids": c.token_ids,
                 "finish_reason": c.finish_reason,
-                "logprobs": {"tokens": [self.tokenizer.decode([t]) for t in c.token_ids], "token_logprobs": c.logprobs},
+                "logprobs": {
+                    "tokens": [self.tokenizer.decode([t]) for t in c.token_ids],
+                    "token_logprobs": c.logprobs,
+                },
             }
             for i, c in enumerate(out)
         ]

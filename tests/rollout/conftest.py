@@ -27,26 +27,28 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
 
 
 def tiny_config(arch: str, vocab_size: int, **overrides):
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,  # GQA, so the fast path's key/value head expansion is exercised
-        max_position_embeddings=128,
+    common = {
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,  # GQA, so the fast path's key/value head expansion is exercised
+        "max_position_embeddings": 128,
         # A wide init makes the random model's next-token distribution peaked, so greedy paths and
         # stop conditions are meaningful rather than decided by float ties between ~uniform logits.
-        initializer_range=0.2,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-    )
+        "initializer_range": 0.2,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+        "bos_token_id": None,
+        "tie_word_embeddings": False,
+    }
     common.update(overrides)
     if arch == "llama":
         return LlamaConfig(**common)
@@ -60,7 +62,11 @@ def tiny_config(arch: str, vocab_size: int, **overrides):
 def tiny_model(arch: str = "llama", seed: int = 0, **overrides):
     tok = char_tokenizer()
     torch.manual_seed(seed)
-    cls = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM}[arch]
+    cls = {
+        "llama": LlamaForCausalLM,
+        "qwen2": Qwen2ForCausalLM,
+        "qwen3": Qwen3ForCausalLM,
+    }[arch]
     model = cls(tiny_config(arch, len(tok), **overrides)).float()
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id

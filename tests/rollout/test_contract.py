@@ -11,8 +11,6 @@ import torch
 
 from rlvr.rollout import SamplingParams, make_engine
 
-from conftest import tiny_model
-
 BACKENDS = [
     pytest.param(("hf", {}), id="hf"),
     pytest.param(("native", {}), id="native"),
@@ -41,30 +39,45 @@ def backend(request, llama_and_tok):
         engine.close()
 
 
-def trainer_logp(model, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
+def trainer_logp(
+    model, prompt: list[int], completion: list[int], temperature: float
+) -> list[float]:
     """What the trainer computes: log_softmax(logits / T) of one full forward, at the completion tokens."""
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
     T = temperature if temperature > 0 else 1.0
-    return torch.log_softmax(logits / T, dim=-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1).tolist()
+    return (
+        torch.log_softmax(logits / T, dim=-1)
+        .gather(1, torch.tensor(completion)[:, None])
+        .squeeze(1)
+        .tolist()
+    )
 
 
 def greedy_reference(model, tok, prompts, max_tokens, **sampling):
-    return make_engine("hf", model, tok).generate(prompts, 1, SamplingParams(temperature=0.0, max_tokens=max_tokens, **sampling))
+    return make_engine("hf", model, tok).generate(
+        prompts, 1, SamplingParams(temperature=0.0, max_tokens=max_tokens, **sampling)
+    )
 
 
 def test_shapes_grouping_finish_reasons(backend, prompts, llama_and_tok):
     _, tok = llama_and_tok
     n, max_tokens = 3, 6
-    out = backend().generate(prompts, n, SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=1))
+    out = backend().generate(
+        prompts, n, SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=1)
+    )
     assert len(out) == len(prompts) * n
-    assert [c.prompt_index for c in out] == [i for i in range(len(prompts)) for _ in range(n)]
+    assert [c.prompt_index for c in out] == [
+        i for i in range(len(prompts)) for _ in range(n)
+    ]
     for c in out:
         assert 1 <= len(c.token_ids) <= max_tokens
         assert c.logprobs is not None and len(c.logprobs) == len(c.token_ids)
         assert all(math.isfinite(lp) and lp <= 0.0 for lp in c.logprobs)
-        assert tok.eos_token_id not in c.token_ids[:-1]  # nothing is kept after the first EOS
+        assert (
+            tok.eos_token_id not in c.token_ids[:-1]
+        )  # nothing is kept after the first EOS
         if c.finish_reason == "stop":
             assert c.token_ids[-1] == tok.eos_token_id
         else:
@@ -78,7 +91,15 @@ def test_shapes_grouping_finish_reasons(backend, prompts, llama_and_tok):
         SamplingParams(temperature=1.0, max_tokens=8, seed=3),
         SamplingParams(temperature=0.7, max_tokens=8, seed=4),
         # Filters shape what is sampled, not what is reported: still the unfiltered log_softmax(l/T).
-        SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.2, max_tokens=8, seed=5),
+        SamplingParams(
+            temperature=0.7,
+            top_k=5,
+            top_p=0.9,
+            min_p=0.05,
+            repetition_penalty=1.2,
+            max_tokens=8,
+            seed=5,
+        ),
         SamplingParams(temperature=0.0, max_tokens=8),
     ],
     ids=["T1", "T0.7", "T0.7-filtered", "greedy"],
@@ -87,16 +108,24 @@ def test_logprobs_equal_trainer_recompute(backend, prompts, llama_and_tok, sampl
     model, _ = llama_and_tok
     out = backend().generate(prompts, 2, sampling)
     for c in out:
-        expected = trainer_logp(model, prompts[c.prompt_index], c.token_ids, sampling.temperature)
+        expected = trainer_logp(
+            model, prompts[c.prompt_index], c.token_ids, sampling.temperature
+        )
         # float32 end to end; the only differences are summation order (KV cache vs full forward).
         assert c.logprobs == pytest.approx(expected, abs=2e-4)
 
 
 def test_seed_reproduces_and_differs(backend, prompts):
     engine = backend()
-    a = engine.generate(prompts, 3, SamplingParams(temperature=1.0, max_tokens=8, seed=11))
-    b = engine.generate(prompts, 3, SamplingParams(temperature=1.0, max_tokens=8, seed=11))
-    c = engine.generate(prompts, 3, SamplingParams(temperature=1.0, max_tokens=8, seed=12))
+    a = engine.generate(
+        prompts, 3, SamplingParams(temperature=1.0, max_tokens=8, seed=11)
+    )
+    b = engine.generate(
+        prompts, 3, SamplingParams(temperature=1.0, max_tokens=8, seed=11)
+    )
+    c = engine.generate(
+        prompts, 3, SamplingParams(temperature=1.0, max_tokens=8, seed=12)
+    )
     assert [x.token_ids for x in a] == [x.token_ids for x in b]
     # 12 completions of up to 8 tokens over an 86-token vocabulary: equal by chance has negligible odds.
     assert [x.token_ids for x in a] != [x.token_ids for x in c]
@@ -105,28 +134,42 @@ def test_seed_reproduces_and_differs(backend, prompts):
 @pytest.mark.parametrize(
     "sampling",
     [
-        dict(),
-        dict(repetition_penalty=1.3),
+        {},
+        {"repetition_penalty": 1.3},
     ],
     ids=["plain", "repetition-penalty"],
 )
-def test_greedy_matches_transformers_generate(backend, prompts, llama_and_tok, sampling):
+def test_greedy_matches_transformers_generate(
+    backend, prompts, llama_and_tok, sampling
+):
     model, tok = llama_and_tok
     expected = greedy_reference(model, tok, prompts, 12, **sampling)
-    out = backend().generate(prompts, 2, SamplingParams(temperature=0.0, max_tokens=12, **sampling))
-    assert [c.token_ids for c in out] == [e.token_ids for e in expected for _ in range(2)]
-    assert [c.finish_reason for c in out] == [e.finish_reason for e in expected for _ in range(2)]
+    out = backend().generate(
+        prompts, 2, SamplingParams(temperature=0.0, max_tokens=12, **sampling)
+    )
+    assert [c.token_ids for c in out] == [
+        e.token_ids for e in expected for _ in range(2)
+    ]
+    assert [c.finish_reason for c in out] == [
+        e.finish_reason for e in expected for _ in range(2)
+    ]
 
 
 @pytest.mark.parametrize(
-    "filters", [dict(top_k=1), dict(top_p=1e-6), dict(min_p=0.999999)], ids=["top_k=1", "top_p~0", "min_p~1"]
+    "filters",
+    [{"top_k": 1}, {"top_p": 1e-6}, {"min_p": 0.999999}],
+    ids=["top_k=1", "top_p~0", "min_p~1"],
 )
 def test_degenerate_filters_are_greedy(backend, prompts, llama_and_tok, filters):
     """Each filter, pushed to its limit, leaves only the argmax: proves the filter is applied at all."""
     model, tok = llama_and_tok
     expected = greedy_reference(model, tok, prompts, 8)
-    out = backend().generate(prompts, 2, SamplingParams(temperature=1.0, max_tokens=8, seed=0, **filters))
-    assert [c.token_ids for c in out] == [e.token_ids for e in expected for _ in range(2)]
+    out = backend().generate(
+        prompts, 2, SamplingParams(temperature=1.0, max_tokens=8, seed=0, **filters)
+    )
+    assert [c.token_ids for c in out] == [
+        e.token_ids for e in expected for _ in range(2)
+    ]
 
 
 def _first_new_token_position(ids: list[int]) -> int:
@@ -143,7 +186,9 @@ def test_eos_ends_completion_and_is_kept(backend, prompts, llama_and_tok):
     ref = greedy_reference(model, tok, prompts[:1], 12)[0].token_ids
     k = _first_new_token_position(ref)
     # Declare the k-th greedy token to be the EOS: the completion must end right there, EOS included.
-    out = backend(eos_token_ids=[ref[k]]).generate(prompts[:1], 2, SamplingParams(temperature=0.0, max_tokens=12))
+    out = backend(eos_token_ids=[ref[k]]).generate(
+        prompts[:1], 2, SamplingParams(temperature=0.0, max_tokens=12)
+    )
     for c in out:
         assert c.token_ids == ref[: k + 1]
         assert c.finish_reason == "stop"
@@ -156,7 +201,11 @@ def test_stop_string_truncates_text_and_ids(backend, prompts, llama_and_tok):
     k = _first_new_token_position(ref.token_ids)
     assert ref.token_ids[k] != tok.eos_token_id
     stop = tok.decode([ref.token_ids[k]])  # one char with the char-level tokenizer
-    out = backend().generate(prompts[:1], 1, SamplingParams(temperature=0.0, max_tokens=12, stop=("@@never@@", stop)))
+    out = backend().generate(
+        prompts[:1],
+        1,
+        SamplingParams(temperature=0.0, max_tokens=12, stop=("@@never@@", stop)),
+    )
     (c,) = out
     assert c.token_ids == ref.token_ids[: k + 1]
     assert c.text == tok.decode(ref.token_ids[: k + 1], skip_special_tokens=True)

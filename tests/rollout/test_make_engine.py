@@ -16,7 +16,9 @@ def test_unknown_engine_lists_valid_names(llama_and_tok):
     assert all(name in str(err.value) for name in ENGINE_NAMES)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here"
+)
 @pytest.mark.parametrize("name", ["vllm", "vllm-server"])
 def test_vllm_without_vllm_names_the_extra(llama_and_tok, name):
     model, tok = llama_and_tok

@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from rlvr.rollout.native import HFCacheDecoder, LlamaFamilyDecoder, NativeEngine, fast_path_supported
-
 from conftest import tiny_model
+
+from rlvr.rollout.native import (
+    HFCacheDecoder,
+    LlamaFamilyDecoder,
+    NativeEngine,
+    fast_path_supported,
+)
 
 ARCHS = [
     ("llama", {}),
-    ("llama", {"attention_bias": True, "tie_word_embeddings": True, "num_key_value_heads": 4}),
+    (
+        "llama",
+        {"attention_bias": True, "tie_word_embeddings": True, "num_key_value_heads": 4},
+    ),
     ("qwen2", {}),  # q/k/v biases
     ("qwen3", {}),  # per-head q/k RMSNorm, explicit head_dim
 ]
@@ -24,8 +31,12 @@ def reference_last_logits(model, rows: list[list[int]]) -> torch.Tensor:
         return torch.stack([model(torch.tensor([r])).logits[0, -1] for r in rows])
 
 
-@pytest.mark.parametrize("decoder_cls", [LlamaFamilyDecoder, HFCacheDecoder], ids=["fast", "generic"])
-@pytest.mark.parametrize("arch,overrides", ARCHS, ids=["llama", "llama-bias-tied-mha", "qwen2", "qwen3"])
+@pytest.mark.parametrize(
+    "decoder_cls", [LlamaFamilyDecoder, HFCacheDecoder], ids=["fast", "generic"]
+)
+@pytest.mark.parametrize(
+    "arch,overrides", ARCHS, ids=["llama", "llama-bias-tied-mha", "qwen2", "qwen3"]
+)
 def test_prefill_and_decode_logits_equal_hf_forward(arch, overrides, decoder_cls):
     model, tok = tiny_model(arch, seed=1, **overrides)
     model.eval()
@@ -40,7 +51,9 @@ def test_prefill_and_decode_logits_equal_hf_forward(arch, overrides, decoder_cls
     g = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         logits_BV = dec.prefill(ids_BP, mask_BP, n, steps + 1)
-        torch.testing.assert_close(logits_BV, reference_last_logits(model, prompts), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            logits_BV, reference_last_logits(model, prompts), atol=1e-5, rtol=1e-5
+        )
         rows = [list(p) for p in prompts for _ in range(n)]
         for _ in range(steps):
             # Arbitrary (different per row) continuations: rows of one group must diverge correctly.
@@ -48,13 +61,20 @@ def test_prefill_and_decode_logits_equal_hf_forward(arch, overrides, decoder_cls
             for r, t in zip(rows, token_N.tolist()):
                 r.append(t)
             logits_NV = dec.decode(token_N)
-        torch.testing.assert_close(logits_NV, reference_last_logits(model, rows), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            logits_NV, reference_last_logits(model, rows), atol=1e-5, rtol=1e-5
+        )
         # Dropping rows keeps the survivors' state intact.
         keep = torch.tensor([0, 3, 5])
         dec.select(keep)
         token_M = torch.tensor([5, 6, 7])
         rows = [rows[i] + [t] for i, t in zip(keep.tolist(), token_M.tolist())]
-        torch.testing.assert_close(dec.decode(token_M), reference_last_logits(model, rows), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            dec.decode(token_M),
+            reference_last_logits(model, rows),
+            atol=1e-5,
+            rtol=1e-5,
+        )
 
 
 def test_lora_adapters_are_sampled_live():
@@ -62,7 +82,12 @@ def test_lora_adapters_are_sampled_live():
     are sampled without a merge or a copy."""
     peft = pytest.importorskip("peft")
     model, tok = tiny_model("llama", seed=2)
-    lora = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    lora = peft.get_peft_model(
+        model,
+        peft.LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]
+        ),
+    )
     with torch.no_grad():
         for name, p in lora.named_parameters():
             if "lora_B" in name:
@@ -76,21 +101,33 @@ def test_lora_adapters_are_sampled_live():
     (c,) = engine.generate([prompt], 1, SamplingParams(temperature=0.0, max_tokens=6))
     with torch.no_grad():
         ids = torch.tensor([prompt + c.token_ids])
-        expected = lora(input_ids=ids).logits[0, len(prompt) - 1 : -1].argmax(-1).tolist()
+        expected = (
+            lora(input_ids=ids).logits[0, len(prompt) - 1 : -1].argmax(-1).tolist()
+        )
         with lora.disable_adapter():
-            without = lora(input_ids=ids).logits[0, len(prompt) - 1 : -1].argmax(-1).tolist()
+            without = (
+                lora(input_ids=ids).logits[0, len(prompt) - 1 : -1].argmax(-1).tolist()
+            )
     assert c.token_ids == expected[: len(c.token_ids)]
     assert expected != without  # the adapter really changes the greedy path
 
 
 def test_unsupported_architecture_falls_back_or_errors():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     from conftest import char_tokenizer
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     tok = char_tokenizer()
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=2, eos_token_id=1, pad_token_id=0))
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=len(tok),
+            n_embd=32,
+            n_layer=1,
+            n_head=2,
+            eos_token_id=1,
+            pad_token_id=0,
+        )
+    )
     ok, why = fast_path_supported(model)
     assert not ok and "gpt2" in why
     assert NativeEngine(model, tok).fast_path is False
@@ -111,18 +148,24 @@ def test_rows_finishing_at_different_steps_are_compacted_correctly(fast_path):
     """Many EOS ids make rows stop at scattered steps; with compact_fraction tiny, the batch is
     compacted after almost every step. Every surviving row must still see exactly its own cache:
     its log-probs equal the trainer's full-forward recompute, and nothing follows its first EOS."""
-    from rlvr.rollout import SamplingParams
-
     from test_contract import trainer_logp
+
+    from rlvr.rollout import SamplingParams
 
     model, tok = tiny_model("llama", seed=4)
     model.eval()
     eos = list(range(3, 33))  # ~35% of the vocabulary ends a completion
-    engine = NativeEngine(model, tok, eos_token_ids=eos, compact_fraction=0.01, fast_path=fast_path)
+    engine = NativeEngine(
+        model, tok, eos_token_ids=eos, compact_fraction=0.01, fast_path=fast_path
+    )
     prompts = [tok.encode("37+45="), tok.encode("8*9="), tok.encode("(2+3)*4=")]
-    out = engine.generate(prompts, 6, SamplingParams(temperature=1.0, max_tokens=10, seed=0))
+    out = engine.generate(
+        prompts, 6, SamplingParams(temperature=1.0, max_tokens=10, seed=0)
+    )
     lengths = {len(c.token_ids) for c in out}
-    assert len(lengths) >= 3, f"rows should finish at different steps, got lengths {lengths}"
+    assert len(lengths) >= 3, (
+        f"rows should finish at different steps, got lengths {lengths}"
+    )
     for c in out:
         assert not set(c.token_ids[:-1]) & set(eos)
         assert (c.finish_reason == "stop") == (c.token_ids[-1] in eos)

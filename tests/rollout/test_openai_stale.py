@@ -7,10 +7,9 @@ import copy
 
 import pytest
 import torch
+from conftest import tiny_model
 
 from rlvr.rollout import SamplingParams, make_engine
-
-from conftest import tiny_model
 
 
 def test_stale_sampler_lag_and_reload(tmp_path):
@@ -19,16 +18,25 @@ def test_stale_sampler_lag_and_reload(tmp_path):
     server_model, tok = tiny_model("llama", seed=7)
     server = CompletionsServer(server_model.eval(), tok)
     try:
-        policy = copy.deepcopy(server_model)  # the trainer's live policy starts equal to the served one
+        policy = copy.deepcopy(
+            server_model
+        )  # the trainer's live policy starts equal to the served one
         engine = make_engine(
-            "openai", policy, tok, base_url=server.base_url + "/v1", reload_every=2,
-            export_dir=str(tmp_path), reload_url=server.base_url + "/reload",
+            "openai",
+            policy,
+            tok,
+            base_url=server.base_url + "/v1",
+            reload_every=2,
+            export_dir=str(tmp_path),
+            reload_url=server.base_url + "/reload",
         )
         assert engine.samples_live_policy is False and engine.model_name == "tiny"
         prompts = [tok.encode("37+45="), tok.encode("8*9=")]
         greedy = SamplingParams(temperature=0.0, max_tokens=6)
         live = make_engine("native", policy, tok)
-        assert [c.token_ids for c in engine.generate(prompts, 1, greedy)] == [c.token_ids for c in live.generate(prompts, 1, greedy)]
+        assert [c.token_ids for c in engine.generate(prompts, 1, greedy)] == [
+            c.token_ids for c in live.generate(prompts, 1, greedy)
+        ]
 
         with torch.no_grad():  # an "optimizer step" on the live policy only
             policy.lm_head.weight.mul_(-1.0)
@@ -37,13 +45,21 @@ def test_stale_sampler_lag_and_reload(tmp_path):
         assert engine.policy_lag == 1 and all(c.extra["policy_lag"] == 1 for c in out)
         assert server.reloads == []
         # Stale: the server still samples the old weights, so its tokens differ from the live policy's.
-        assert [c.token_ids for c in out] != [c.token_ids for c in live.generate(prompts, 1, greedy)]
+        assert [c.token_ids for c in out] != [
+            c.token_ids for c in live.generate(prompts, 1, greedy)
+        ]
 
-        engine.load_weights(policy.named_parameters())  # second step: reload_every=2 triggers a reload
+        engine.load_weights(
+            policy.named_parameters()
+        )  # second step: reload_every=2 triggers a reload
         assert engine.policy_lag == 0 and len(server.reloads) == 1
-        assert server.reloads[0].endswith("policy-v2") and sorted(p.name for p in tmp_path.iterdir()) == ["policy-v2"]
+        assert server.reloads[0].endswith("policy-v2") and sorted(
+            p.name for p in tmp_path.iterdir()
+        ) == ["policy-v2"]
         out = engine.generate(prompts, 1, greedy)
-        assert [c.token_ids for c in out] == [c.token_ids for c in live.generate(prompts, 1, greedy)]
+        assert [c.token_ids for c in out] == [
+            c.token_ids for c in live.generate(prompts, 1, greedy)
+        ]
         assert all(c.extra["policy_lag"] == 0 for c in out)
     finally:
         server.close()
@@ -56,14 +72,21 @@ def test_request_carries_ids_and_sampling(completions_server, llama_and_tok):
     engine.generate([[6, 10, 65]], 3, sp)
     req = completions_server.requests[-1]
     assert req["prompt"] == [6, 10, 65] and req["n"] == 3 and req["max_tokens"] == 4
-    assert (req["temperature"], req["top_k"], req["stop"], req["seed"]) == (0.7, 5, ["#"], 3)
+    assert (req["temperature"], req["top_k"], req["stop"], req["seed"]) == (
+        0.7,
+        5,
+        ["#"],
+        3,
+    )
     assert req["logprobs"] == 1 and req["return_token_ids"] is True
 
 
 def test_reload_needs_a_mechanism(llama_and_tok, completions_server):
     model, tok = llama_and_tok
     with pytest.raises(ValueError, match="reload_url"):
-        make_engine("openai", model, tok, base_url=completions_server.base_url, reload_every=3)
+        make_engine(
+            "openai", model, tok, base_url=completions_server.base_url, reload_every=3
+        )
 
 
 def test_unreachable_server_is_a_clear_error(llama_and_tok):

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_contract import trainer_logp
 
 from rlvr.rollout import SamplingParams, make_engine
-
-from test_contract import trainer_logp
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +20,9 @@ def shipped():
         path = tiny_model_path()
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(
+        path
+    ).eval(), AutoTokenizer.from_pretrained(path)
 
 
 def test_native_matches_generate_and_trainer_on_shipped_model(shipped):
@@ -30,9 +31,17 @@ def test_native_matches_generate_and_trainer_on_shipped_model(shipped):
     greedy = SamplingParams(temperature=0.0, max_tokens=8)
     ref = make_engine("hf", model, tok).generate(prompts, 1, greedy)
     native = make_engine("native", model, tok)
-    assert [c.token_ids for c in native.generate(prompts, 1, greedy)] == [c.token_ids for c in ref]
-    assert any(c.finish_reason == "stop" for c in ref), "the trained model should emit its EOS"
-    out = native.generate(prompts, 8, SamplingParams(temperature=1.0, max_tokens=8, seed=0))
+    assert [c.token_ids for c in native.generate(prompts, 1, greedy)] == [
+        c.token_ids for c in ref
+    ]
+    assert any(c.finish_reason == "stop" for c in ref), (
+        "the trained model should emit its EOS"
+    )
+    out = native.generate(
+        prompts, 8, SamplingParams(temperature=1.0, max_tokens=8, seed=0)
+    )
     for c in out:
-        assert c.logprobs == pytest.approx(trainer_logp(model, prompts[c.prompt_index], c.token_ids, 1.0), abs=2e-4)
+        assert c.logprobs == pytest.approx(
+            trainer_logp(model, prompts[c.prompt_index], c.token_ids, 1.0), abs=2e-4
+        )
     assert torch.is_inference_mode_enabled() is False
