@@ -30,6 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rlvr.rollout import SamplingParams, make_engine
 
+NEVER_EOS = [10**9]
+
 
 def char_tokenizer():
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -109,9 +111,8 @@ def build_model(
         raise SystemExit(
             f"unknown model {name!r}; choose tiny, llama-3m, llama-25m or qwen2.5-0.5b"
         )
-    model.generation_config.eos_token_id = tok.convert_tokens_to_ids(
-        "<never>"
-    )  # fixed-length completions
+    # An id no model emits: fixed-length completions, the same work for every engine.
+    model.generation_config.eos_token_id = NEVER_EOS
     model.generation_config.pad_token_id = tok.pad_token_id
     return model.to(device=device, dtype=dtype).eval(), tok, source
 
@@ -130,9 +131,7 @@ def _shipped_tiny(keep_eos: bool):
         AutoTokenizer.from_pretrained(path),
     )
     if not keep_eos:
-        model.generation_config.eos_token_id = [
-            10**9
-        ]  # an id no model emits: fixed-length completions
+        model.generation_config.eos_token_id = NEVER_EOS
     return (
         model.eval(),
         tok,
