@@ -18,7 +18,7 @@ from rlvr.config import load_config
 from rlvr.train import train
 from test_smoke import smoke_overrides
 
-STEPS = 6
+STEPS = 8
 
 
 def run_args(model_dir: Path, data: Path, out: Path, *extra: str) -> list[str]:
@@ -36,15 +36,18 @@ def uninterrupted(tiny_model_dir, tmp_path_factory) -> tuple[Path, dict[str, tor
     data = tmp / "sums.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
                             for a in range(10) for b in range(3)))
+    t0 = time.perf_counter()
     train(load_config(None, run_args(tiny_model_dir, data, tmp / "uninterrupted")))
-    return data, final_weights(tmp / "uninterrupted")
+    step_s = (time.perf_counter() - t0) / STEPS  # an upper bound on one step's wall time
+    return data, final_weights(tmp / "uninterrupted"), step_s
 
 
-# (checkpoints written before the kill, extra delay): right after a checkpoint, and mid-step.
-@pytest.mark.parametrize("kill_after_checkpoints,delay", [(1, 0.0), (3, 0.4)])
+# (checkpoints written before the kill, delay as a fraction of a step): right after a checkpoint
+# (possibly while the next one is being written), and in the middle of a later step.
+@pytest.mark.parametrize("kill_after_checkpoints,delay", [(1, 0.0), (4, 0.5)])
 def test_sigkill_and_resume_is_bitwise_identical(tiny_model_dir, uninterrupted, tmp_path,
                                                  kill_after_checkpoints, delay):
-    sum_dataset, ref = uninterrupted
+    sum_dataset, ref, step_s = uninterrupted
     out = tmp_path / "killed"
     args = run_args(tiny_model_dir, sum_dataset, out)
     # Same intra-op thread count as this process (tests/conftest.py): float reductions split across a
@@ -59,7 +62,7 @@ def test_sigkill_and_resume_is_bitwise_identical(tiny_model_dir, uninterrupted, 
     while time.time() < deadline and proc.poll() is None:
         done = [p for p in ckpts.glob("step-*")] if ckpts.exists() else []
         if done and max(int(p.name[5:]) for p in done) >= kill_after_checkpoints:
-            time.sleep(delay)
+            time.sleep(delay * step_s)
             break
         time.sleep(0.01)
     assert proc.poll() is None, "the run finished before it could be killed; make it longer"
