@@ -12,6 +12,8 @@ into a ``Task``: an evaluation file when given, otherwise a hash split of the on
 from __future__ import annotations
 
 import csv
+import gzip
+import io
 import json
 import random
 import re
@@ -36,8 +38,16 @@ def infer_format(path: Path) -> str:
     )
 
 
+def _open_text(path: Path) -> io.TextIOBase:
+    """A text handle on ``path``, decompressing ``.gz`` files."""
+    if path.suffix.lower() == ".gz":
+        return io.TextIOWrapper(gzip.open(path), encoding="utf-8", newline="")
+    return path.open(encoding="utf-8", newline="")
+
+
 def _read_json(path: Path) -> list[dict]:
-    text = path.read_text(encoding="utf-8")
+    with _open_text(path) as f:
+        text = f.read()
     stripped = text.lstrip()
     if stripped.startswith("["):
         return list(json.loads(stripped))
@@ -75,7 +85,7 @@ def read_records(path: str | Path, split: str | None = None, fmt: str | None = N
     if fmt in ("jsonl", "json"):
         return _read_json(path)
     if fmt == "csv":
-        with path.open(newline="", encoding="utf-8") as f:
+        with _open_text(path) as f:
             return list(csv.DictReader(f))
     if fmt == "parquet":
         import pyarrow.parquet as pq
@@ -108,10 +118,11 @@ def load_rows(
     answer_column: str | None = None,
     fmt: str | None = None,
 ) -> list[Row]:
-    """Load prompt rows from a JSONL/JSON, CSV or Parquet file or a ``datasets.save_to_disk`` folder.
+    """Load prompt rows from a JSONL/JSON, CSV (either may be gzipped) or Parquet file, or a
+    ``datasets.save_to_disk`` folder.
 
     ``prompt_column`` becomes ``prompt``; ``answer_column`` (when given) becomes ``answer`` as text.
-    Missing ``data_source`` is filled with the file's stem and missing ``prompt_id`` with a hash of
+    Missing ``data_source`` is filled with the file's name up to its first dot and missing ``prompt_id`` with a hash of
     the prompt. ``fmt`` overrides the format inferred from the name (one of ``FORMATS``); ``split``
     picks a split of a saved ``DatasetDict``.
     """
@@ -135,7 +146,7 @@ def load_rows(
             if gold is None:
                 raise ValueError(f"{path} row {i} has no value in the answer column {answer_column!r}")
             row["answer"] = str(gold)
-        row.setdefault("data_source", path.stem)
+        row.setdefault("data_source", path.name.split(".")[0])
         # From the prompt alone, so the same question gets the same id in a train and a test file.
         row.setdefault("prompt_id", f"{problem_hash(_prompt_key(row['prompt'])):016x}")
         rows.append(row)

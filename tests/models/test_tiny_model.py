@@ -169,3 +169,11 @@ def test_a_few_grpo_steps_lift_held_out_greedy_accuracy(tokenizer):
     after = grpo.greedy_accuracy(model, tokenizer, eval_rows, task.max_completion_length)
     print(f"held-out greedy accuracy {before:.3f} -> {after:.3f}")
     assert before <= 0.5 and after >= 0.6, (before, after)
+
+
+def test_a_missing_model_folder_says_how_to_rebuild_it(monkeypatch):
+    import rlvr.models
+
+    monkeypatch.setattr(rlvr.models, "TINY_MODEL_NAME", "no-such-model")
+    with pytest.raises(FileNotFoundError, match="scripts/make_tiny_model.py"):
+        rlvr.models.tiny_model_path()

@@ -139,3 +139,15 @@ def test_gsm8k_task_with_a_separate_eval_file(tmp_path):
     assert task.name == "gsm8k" and task.default_rewards == [("math", 1.0)]
     assert [r["answer"] for r in task.eval_rows(10)] == ["7"]
     assert {r["answer"] for r in itertools.islice(task.train_rows(0), 4)} == {"2400"}  # the eval row is dropped
+
+
+def test_gzipped_jsonl_and_csv(tmp_path):
+    import gzip
+
+    with gzip.open(tmp_path / "gsm8k.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in GSM8K_ROWS))
+    rows = load_gsm8k(tmp_path / "gsm8k.jsonl.gz")
+    assert [r["answer"] for r in rows] == ["7", "2400"] and rows[0]["data_source"] == "gsm8k"
+    with gzip.open(tmp_path / "d.csv.gz", "wt") as f:
+        f.write("prompt,answer\n1+1=,2\n")
+    assert load_rows(tmp_path / "d.csv.gz", answer_column="answer")[0]["answer"] == "2"
