@@ -65,7 +65,9 @@ def decode(tokenizer, ids_NT: torch.Tensor, mask_NT: torch.Tensor) -> list[str]:
 
 def greedy_answers(model, tokenizer, rows, max_tokens: int) -> tuple[list[str], list[float]]:
     prompt_ids_BP = torch.tensor([tokenizer(r["prompt"]).input_ids for r in rows])
-    ids_NT, mask_NT, truncated_N = sample(model, prompt_ids_BP, 1, 0.0, max_tokens, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    ids_NT, mask_NT, truncated_N = sample(
+        model, prompt_ids_BP, 1, 0.0, max_tokens, tokenizer.eos_token_id, tokenizer.pad_token_id
+    )
     reward_fn = REWARDS.get("arithmetic")()
     texts = decode(tokenizer, ids_NT, mask_NT)
     return texts, reward_fn(None, texts, None, answer=[r["answer"] for r in rows], truncated=truncated_N.tolist())
@@ -79,7 +81,9 @@ def carry_kind(row: dict) -> str:
     """Which carries ``a+b`` needs: into the tens ("tens"), out to the hundreds ("hundreds"), both, none."""
     a, b = row["a"], row["b"]
     tens, hundreds = (a % 10 + b % 10) >= 10, a + b >= 10 ** len(str(max(a, b)))
-    return {(False, False): "none", (True, False): "tens", (False, True): "hundreds", (True, True): "both"}[(tens, hundreds)]
+    return {(False, False): "none", (True, False): "tens", (False, True): "hundreds", (True, True): "both"}[
+        (tens, hundreds)
+    ]
 
 
 def accuracy_by_carry(model, tokenizer, rows, max_tokens: int) -> dict[str, str]:
@@ -159,12 +163,17 @@ def main() -> None:
     train_start = time.perf_counter()
     for step in range(args.steps):
         rows = [next(stream) for _ in range(args.prompts_per_step)]
-        mean_reward = grpo_step(model, tokenizer, optimizer, rows, reward_fn, args.num_generations, args.temperature, max_tokens)
+        mean_reward = grpo_step(
+            model, tokenizer, optimizer, rows, reward_fn, args.num_generations, args.temperature, max_tokens
+        )
         if step % 10 == 0 or step == args.steps - 1:
             accuracy = ""
             if args.eval_every and step and step % args.eval_every == 0:
                 accuracy = f"  held-out greedy {greedy_accuracy(model, tokenizer, eval_rows[:200], max_tokens):.3f}"
-            print(f"step {step:3d}  reward {mean_reward:.3f}  {time.perf_counter() - train_start:5.1f}s{accuracy}", flush=True)
+            print(
+                f"step {step:3d}  reward {mean_reward:.3f}  {time.perf_counter() - train_start:5.1f}s{accuracy}",
+                flush=True,
+            )
 
     after = greedy_accuracy(model, tokenizer, eval_rows, max_tokens)
     print(json.dumps(accuracy_by_carry(model, tokenizer, eval_rows, max_tokens), indent=1), flush=True)
@@ -176,7 +185,8 @@ def main() -> None:
         "greedy_acc_after": round(after, 3),
         "train_seconds": round(time.perf_counter() - train_start, 1),
         "total_seconds": round(time.perf_counter() - start, 1),
-        "hyperparameters": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {"max_tokens": max_tokens},
+        "hyperparameters": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        | {"max_tokens": max_tokens},
     }
     print(json.dumps(result))
 

@@ -224,7 +224,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2500)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--p-correct", type=float, default=0.3, help="share of carry problems shown with the right answer")
+    parser.add_argument(
+        "--p-correct", type=float, default=0.3, help="share of carry problems shown with the right answer"
+    )
     parser.add_argument("--p-no-bos", type=float, default=0.2)
     parser.add_argument("--hidden-size", type=int, default=96)
     parser.add_argument("--layers", type=int, default=3)

@@ -14,8 +14,9 @@ from __future__ import annotations
 import random
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from rlvr.rewards.base import REWARDS, Verdict
 from rlvr.tasks.base import TASKS, Row, column, completion_text, is_held_out
@@ -181,15 +182,17 @@ class ExactIntegerReward:
         self.gold_column = gold_column
         self.__name__ = name
 
-    def verdicts(self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **columns: Any) -> list[Verdict]:
+    def verdicts(
+        self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **columns: Any
+    ) -> list[Verdict]:
         n = len(completions)
         golds = column(columns, self.gold_column, n)
         truncated = column(columns, "truncated", n, default=False)
-        return [
-            check_integer(completion_text(c), g, bool(t)) for c, g, t in zip(completions, golds, truncated)
-        ]
+        return [check_integer(completion_text(c), g, bool(t)) for c, g, t in zip(completions, golds, truncated)]
 
-    def __call__(self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **columns: Any) -> list[float | None]:
+    def __call__(
+        self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **columns: Any
+    ) -> list[float | None]:
         return [v.reward for v in self.verdicts(prompts, completions, completion_ids, **columns)]
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from typing import Any, Callable, Iterator, Protocol, runtime_checkable
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, runtime_checkable
 
 from rlvr.registry import Registry
 
@@ -79,9 +80,7 @@ def completion_text(completion: Any) -> str:
         return completion
     if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
         return str(completion[-1].get("content", ""))
-    raise TypeError(
-        f"a completion must be a string or a list of chat messages, got {type(completion).__name__}"
-    )
+    raise TypeError(f"a completion must be a string or a list of chat messages, got {type(completion).__name__}")
 
 
 def column(columns: dict[str, Any], name: str, n: int, default: Any = None) -> list[Any]:

@@ -16,9 +16,10 @@ import random
 import re
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Iterator
+from typing import Any
 
 from rlvr.rewards.base import REWARDS, Verdict
 from rlvr.tasks.base import TASKS, Row, column, completion_text, is_held_out
@@ -128,7 +129,9 @@ class CountdownReward:
         self.target_column = target_column
         self.__name__ = "countdown"
 
-    def verdicts(self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **columns: Any) -> list[Verdict]:
+    def verdicts(
+        self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **columns: Any
+    ) -> list[Verdict]:
         n = len(completions)
         numbers = column(columns, self.numbers_column, n)
         targets = column(columns, self.target_column, n)
@@ -138,7 +141,9 @@ class CountdownReward:
             for c, nums, tgt, t in zip(completions, numbers, targets, truncated)
         ]
 
-    def __call__(self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **columns: Any) -> list[float | None]:
+    def __call__(
+        self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **columns: Any
+    ) -> list[float | None]:
         return [v.reward for v in self.verdicts(prompts, completions, completion_ids, **columns)]
 
 

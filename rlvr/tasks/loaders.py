@@ -17,9 +17,10 @@ import io
 import json
 import random
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from rlvr.tasks.base import TASKS, Row, is_held_out, problem_hash
 
@@ -33,9 +34,7 @@ def infer_format(path: Path) -> str:
     suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
     if suffixes and suffixes[-1] in _SUFFIX_FORMAT:
         return _SUFFIX_FORMAT[suffixes[-1]]
-    raise ValueError(
-        f"cannot tell the format of {str(path)!r} from its name; pass fmt= one of {', '.join(FORMATS)}"
-    )
+    raise ValueError(f"cannot tell the format of {str(path)!r} from its name; pass fmt= one of {', '.join(FORMATS)}")
 
 
 def _open_text(path: Path) -> io.TextIOBase:
@@ -57,7 +56,9 @@ def _read_json(path: Path) -> list[dict]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not valid JSON ({err.msg}); JSONL needs one object per line") from None
+                raise ValueError(
+                    f"{path}:{number}: not valid JSON ({err.msg}); JSONL needs one object per line"
+                ) from None
     return rows
 
 
@@ -134,8 +135,7 @@ def load_rows(
     for name, role, option in ((prompt_column, "prompt", "prompt_column"), (answer_column, "answer", "answer_column")):
         if name is not None and name not in records[0]:
             raise ValueError(
-                f"{path} has no {role} column {name!r}; its columns are {columns}. "
-                f"Name the right one with {option}=..."
+                f"{path} has no {role} column {name!r}; its columns are {columns}. Name the right one with {option}=..."
             )
     rows = []
     for i, record in enumerate(records):

@@ -15,7 +15,7 @@ from rlvr.models import tiny_model_path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
-import make_tiny_model as recipe  # noqa: E402
+import make_tiny_model as recipe
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,13 @@ def model():
 
 def test_the_folder_holds_a_complete_hugging_face_model():
     path = tiny_model_path()
-    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+    for name in (
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ):
         assert (path / name).is_file(), name
     config = json.loads((path / "config.json").read_text())
     assert config["model_type"] == "llama"
@@ -53,7 +59,9 @@ def test_special_tokens_are_set(tokenizer, model):
     assert model.generation_config.pad_token_id == tokenizer.pad_token_id
 
 
-@pytest.mark.parametrize("text", ["37+45=82", string.printable.replace("\x0b", "").replace("\x0c", ""), "  two  spaces\n"])
+@pytest.mark.parametrize(
+    "text", ["37+45=82", string.printable.replace("\x0b", "").replace("\x0c", ""), "  two  spaces\n"]
+)
 def test_tokenizer_round_trips_printable_ascii_one_token_per_character(tokenizer, text):
     ids = tokenizer(text, add_special_tokens=False).input_ids
     assert len(ids) == len(text)
@@ -150,9 +158,9 @@ def test_greedy_drops_the_carry_but_samples_sometimes_carry(tokenizer, model):
 @pytest.mark.slow
 def test_a_few_grpo_steps_lift_held_out_greedy_accuracy(tokenizer):
     """The acceptance check in miniature: 15 GRPO steps take greedy accuracy from ~25% past 60%."""
+    import check_learnability as grpo
     from transformers import AutoModelForCausalLM
 
-    import check_learnability as grpo
     from rlvr.rewards.base import REWARDS
     from rlvr.tasks import get_task
 
