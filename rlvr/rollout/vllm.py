@@ -244,10 +244,15 @@ class VLLMColocateEngine:
         torch.cuda.empty_cache()
 
 
-class VLLMServerEngine(OpenAICompletionsEngine):
+class VLLMServerEngine:
     """``vllm serve`` over HTTP, with weights pushed after every optimizer step over vLLM's
-    weight-transfer routes (NCCL from this process's GPU to the server's). ``receives_weights = True``."""
+    weight-transfer routes (NCCL from this process's GPU to the server's). ``receives_weights = True``.
 
+    Completions go through an ``OpenAICompletionsEngine`` held inside (composition, not
+    inheritance: this engine is never stale, so it deliberately has no ``policy_lag``, which the
+    trainer reads as "a stale sampler")."""
+
+    samples_live_policy = False
     receives_weights = True
 
     def __init__(
@@ -259,28 +264,33 @@ class VLLMServerEngine(OpenAICompletionsEngine):
         push_weights: bool = True,
         **options,
     ):
-        super().__init__(model, tokenizer, base_url=base_url, **options)
+        if push_weights and _is_peft(model):
+            raise ValueError(
+                "vllm server mode: pushing a PEFT (LoRA) policy is not supported yet; use mode='colocate' "
+                "(adapters are synced with LoRARequest) or merge the adapter before training."
+            )
+        self.model = model
+        self.http = OpenAICompletionsEngine(
+            model, tokenizer, base_url=base_url, **options
+        )
         self.client = None
         if push_weights:
-            if _is_peft(model):
-                raise ValueError(
-                    "vllm server mode: pushing a PEFT (LoRA) policy is not supported yet; use mode='colocate' "
-                    "(adapters are synced with LoRARequest) or merge the adapter before training."
-                )
-            from trl.generation.vllm_client import (
-                VLLMClient,  # implements vLLM's weight-transfer protocol
-            )
+            # TRL's client implements vLLM's documented weight-transfer protocol.
+            from trl.generation.vllm_client import VLLMClient
 
-            self.client = VLLMClient(base_url=self.base_url)
+            self.client = VLLMClient(base_url=self.http.base_url)
             self.client.init_communicator(device=device)
 
+    def generate(
+        self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams
+    ) -> list[Completion]:
+        return self.http.generate(prompt_ids, n, sampling)
+
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.policy_version += 1
         if self.client is None:
             return
         self.client.update_model_params(self.model)
-        self.client.reset_prefix_cache()
-        self.served_version = self.policy_version
+        self.client.reset_prefix_cache()  # cached prompt KV was computed by the old weights
 
     def close(self) -> None:
         if self.client is not None:
