@@ -8,6 +8,7 @@ T completion tokens (right-padded), K reward functions.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -111,3 +112,56 @@ def pack(rollouts: Rollouts, pad_token_id: int, device: torch.device) -> PackedB
         ids_NL.to(device), attn_NL.to(device), pos_NL.to(device), ids_NL[:, P:].to(device),
         mask_NT.to(device), P, None if sampler_NT is None else sampler_NT.to(device),
     )
+
+
+def batch_metrics(batch: Rollouts, reward_fns: list, reward_errors: dict[str, int]) -> dict[str, float]:
+    """TRL's reward and completion metrics for one generation batch (docs/metrics.md)."""
+    rewards_NK, g = batch.rewards_NK, batch.group_size
+    weights_K = torch.tensor([rf.weight for rf in reward_fns], dtype=torch.float64)
+    total_N = torch.nansum(rewards_NK * weights_K, dim=1)
+    lengths = torch.tensor([len(c.token_ids) for c in batch.completions], dtype=torch.float64)
+    trunc = torch.tensor(batch.truncated_N())
+    m: dict[str, float] = {
+        "reward": total_N.mean().item(),
+        "reward_std": total_N.view(-1, g).std(dim=1).mean().item(),
+        "frac_reward_zero_std": (total_N.view(-1, g).std(dim=1) < 1e-6).double().mean().item(),
+        "completions/mean_length": lengths.mean().item(),
+        "completions/min_length": lengths.min().item(),
+        "completions/max_length": lengths.max().item(),
+        "completions/clipped_ratio": trunc.double().mean().item(),
+        "completions/mean_terminated_length": lengths[~trunc].mean().item() if (~trunc).any() else 0.0,
+        "num_tokens": lengths.sum().item(),
+        "policy_lag": float(batch.policy_lag),
+    }
+    for j, rf in enumerate(reward_fns):
+        col = rewards_NK[:, j]
+        ok = ~torch.isnan(col)
+        m[f"rewards/{rf.name}/mean"] = col[ok].mean().item() if ok.any() else float("nan")
+        m[f"rewards/{rf.name}/std"] = col[ok].std().item() if ok.sum() > 1 else 0.0
+        m[f"rewards/{rf.name}/errors"] = float(reward_errors.get(rf.name, 0))
+        stats = getattr(rf.fn, "stats", None)  # checkers count their verdict reasons since the run began
+        if stats is not None:
+            m[f"rewards/{rf.name}/timeouts"] = float(stats.get("timeout", 0))
+    return m
+
+
+def completion_records(batch: Rollouts, reward_fns: list, adv_N: torch.Tensor, step: int) -> list[dict]:
+    """One JSON-able dict per completion: what diagnostics and the rollout record read
+    (docs/rollout-record.md)."""
+    g, out = batch.group_size, []
+    weights = [rf.weight for rf in reward_fns]
+    for i, c in enumerate(batch.completions):
+        row, rw = batch.rows[i // g], batch.rewards_NK[i].tolist()
+        v = batch.verdicts[i] if batch.verdicts else None
+        out.append({
+            "step": step, "prompt_id": str(row.get("prompt_id", i // g)), "group": i // g, "index": i % g,
+            "prompt": row["prompt"] if isinstance(row["prompt"], str) else str(row["prompt"]),
+            "completion": c.text, "n_tokens": len(c.token_ids), "finish_reason": c.finish_reason,
+            "truncated": c.finish_reason == "length",
+            "rewards": {rf.name: (None if math.isnan(x) else x) for rf, x in zip(reward_fns, rw)},
+            "reward": sum(w * x for w, x in zip(weights, rw) if not math.isnan(x)),
+            "advantage": float(adv_N[i]), "correct": None if v is None else bool(v.correct),
+            "verdict": None if v is None else v.to_dict(), "data_source": row.get("data_source"),
+            "columns": {k: val for k, val in row.items() if k not in ("prompt", "prompt_id", "data_source")},
+        })
+    return out

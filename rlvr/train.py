@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from rlvr import core
-from rlvr.batch import PackedBatch, Rollouts, pack
+from rlvr.batch import PackedBatch, Rollouts, batch_metrics, completion_records, pack
 from rlvr.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlvr.components import (MetricLogger, PhaseTimer, build_optimizer, build_scheduler, load_model,
                              load_tokenizer, write_run_header)
@@ -213,62 +213,10 @@ def sync(run: Run) -> None:
     run.engine_version = run.step
 
 
-def batch_metrics(run: Run, batch: Rollouts, adv_N: torch.Tensor) -> dict[str, float]:
-    """TRL's reward and completion metrics for one generation batch."""
-    rewards_NK, g = batch.rewards_NK, batch.group_size
-    weights_K = torch.tensor([rf.weight for rf in run.reward_fns], dtype=torch.float64)
-    total_N = torch.nansum(rewards_NK * weights_K, dim=1)
-    lengths = torch.tensor([len(c.token_ids) for c in batch.completions], dtype=torch.float64)
-    trunc = torch.tensor(batch.truncated_N())
-    m: dict[str, float] = {
-        "reward": total_N.mean().item(),
-        "reward_std": total_N.view(-1, g).std(dim=1).mean().item(),
-        "frac_reward_zero_std": (total_N.view(-1, g).std(dim=1) < 1e-6).double().mean().item(),
-        "completions/mean_length": lengths.mean().item(),
-        "completions/min_length": lengths.min().item(),
-        "completions/max_length": lengths.max().item(),
-        "completions/clipped_ratio": trunc.double().mean().item(),
-        "completions/mean_terminated_length": lengths[~trunc].mean().item() if (~trunc).any() else 0.0,
-        "num_tokens": lengths.sum().item(),
-        "policy_lag": float(batch.policy_lag),
-    }
-    for j, rf in enumerate(run.reward_fns):
-        col = rewards_NK[:, j]
-        ok = ~torch.isnan(col)
-        m[f"rewards/{rf.name}/mean"] = col[ok].mean().item() if ok.any() else float("nan")
-        m[f"rewards/{rf.name}/std"] = col[ok].std().item() if ok.sum() > 1 else 0.0
-        m[f"rewards/{rf.name}/errors"] = float(run.reward_errors.get(rf.name, 0))
-        stats = getattr(rf.fn, "stats", None)  # checkers count their verdict reasons since the run began
-        if stats is not None:
-            m[f"rewards/{rf.name}/timeouts"] = float(stats.get("timeout", 0))
-    return m
-
-
-def records(run: Run, batch: Rollouts, adv_N: torch.Tensor) -> list[dict]:
-    """One JSON-able dict per completion: what diagnostics and the rollout record read."""
-    g, out = batch.group_size, []
-    weights = [rf.weight for rf in run.reward_fns]
-    for i, c in enumerate(batch.completions):
-        row, rw = batch.rows[i // g], batch.rewards_NK[i].tolist()
-        v = batch.verdicts[i] if batch.verdicts else None
-        out.append({
-            "step": run.step, "prompt_id": str(row.get("prompt_id", i // g)), "group": i // g, "index": i % g,
-            "prompt": row["prompt"] if isinstance(row["prompt"], str) else str(row["prompt"]),
-            "completion": c.text, "n_tokens": len(c.token_ids), "finish_reason": c.finish_reason,
-            "truncated": c.finish_reason == "length",
-            "rewards": {rf.name: (None if math.isnan(x) else x) for rf, x in zip(run.reward_fns, rw)},
-            "reward": sum(w * x for w, x in zip(weights, rw) if not math.isnan(x)),
-            "advantage": float(adv_N[i]), "correct": None if v is None else bool(v.correct),
-            "verdict": None if v is None else v.to_dict(), "data_source": row.get("data_source"),
-            "columns": {k: val for k, val in row.items() if k not in ("prompt", "prompt_id", "data_source")},
-        })
-    return out
-
-
 def log(run: Run, batch: Rollouts, adv_N: torch.Tensor, step_metrics: list[dict[str, float]]) -> None:
     """Metrics line, diagnostics (group outcomes, hacking monitors), samples, console."""
-    m = batch_metrics(run, batch, adv_N)
-    recs = records(run, batch, adv_N)
+    m = batch_metrics(batch, run.reward_fns, run.reward_errors)
+    recs = completion_records(batch, run.reward_fns, adv_N, run.step)
     diag_metrics, warnings = run.diagnostics.observe(run.step, recs)
     m.update(diag_metrics)
     m.update(run.groups.pop_metrics())
