@@ -258,8 +258,7 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
         engine_options.setdefault("export_dir", str(run_dir / "policy-exports"))
         Path(engine_options["export_dir"]).mkdir(parents=True, exist_ok=True)
     engine = make_engine(cfg.rollout.backend, model, tokenizer, **engine_options)
-    # Engines that can lag behind the policy expose `policy_lag` (an OpenAI-compatible server).
-    if hasattr(engine, "policy_lag") and not cfg.rollout.allow_stale_sampler:
+    if not getattr(engine, "receives_weights", True) and not cfg.rollout.allow_stale_sampler:
         raise ValueError(
             f"rollout backend {cfg.rollout.backend!r} cannot receive new weights, so it would sample from a "
             "stale policy. Set rollout.allow_stale_sampler=true to accept that (the lag is logged as policy_lag "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model
+from rollout_models import tiny_model
 
 from rlvr.rollout.native import (
     HFCacheDecoder,
@@ -113,7 +113,7 @@ def test_lora_adapters_are_sampled_live():
 
 
 def test_unsupported_architecture_falls_back_or_errors():
-    from conftest import char_tokenizer
+    from rollout_models import char_tokenizer
     from transformers import GPT2Config, GPT2LMHeadModel
 
     tok = char_tokenizer()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_model
+from rollout_models import tiny_model
 
 from rlvr.rollout import SamplingParams, make_engine
 

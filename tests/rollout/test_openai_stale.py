@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from conftest import tiny_model
+from rollout_models import tiny_model
 
 from rlvr.rollout import SamplingParams, make_engine
 
