@@ -14,7 +14,8 @@ Isolation, chosen by the parent (``spec["isolation"]``):
     exits or is killed, the kernel kills and reaps everything it started, setsid or not.
   * ``bwrap``: the parent wrapped this process in bubblewrap; only rlimits are set here.
   * ``rlimits`` (fallback): rlimits, and a network namespace when unprivileged user namespaces
-    are available.
+    are available; when the parent is root (without CAP_SYS_ADMIN), the program also runs under
+    an unprivileged uid of its own, so it cannot signal or read root's processes and files.
 
 Result channel: lines ``<token>\\t<KIND>\\t<index>\\t<payload>`` on the file descriptor given
 in argv[1]. KIND is VALUE (repr of a plain-data value), ERROR (exception name), EXIT (exit code
@@ -66,8 +67,7 @@ def _expose_interpreter() -> None:
     bind back only the subtrees the interpreter uses: the sandbox sees /root/.pyenv and nothing
     else of /root.
     """
-    needed = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)}
-    needed |= {p for p in sys.path if p and os.path.exists(p)}
+    needed = _interpreter_paths()
     plan: dict[str, set[str]] = {}
     for path in needed:
         hit = _blocked_ancestor(path)
@@ -88,6 +88,33 @@ def _expose_interpreter() -> None:
             os.rmdir(stage) if os.path.isdir(stage) else os.unlink(stage)
 
 
+def _interpreter_paths() -> set:
+    """Files and folders the running interpreter may still read: its prefixes and sys.path."""
+    needed = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)}
+    return needed | {p for p in sys.path if p and os.path.exists(p)}
+
+
+def _pin_under(top: str) -> list:
+    """O_PATH handles on the topmost interpreter paths under ``top`` (a venv in a checkout under
+    /tmp, as CI clones often are), taken before a tmpfs covers ``top``; `_restore_pinned` binds
+    them back. Without this the interpreter loses its own files and the sandbox cannot start."""
+    inside = sorted(os.path.realpath(p) for p in _interpreter_paths() if os.path.realpath(p).startswith(top + "/"))
+    tops = [p for i, p in enumerate(inside) if not any(p.startswith(q + "/") or p == q for q in inside[:i])]
+    return [(p, os.open(p, os.O_PATH)) for p in tops]
+
+
+def _restore_pinned(pinned: list) -> None:
+    for path, fd in pinned:
+        handle = f"/proc/self/fd/{fd}"
+        if os.path.isdir(handle):
+            os.makedirs(path, 0o755, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
+            open(path, "w").close()
+        _mount(handle, path, None, MS_BIND | MS_REC)
+        os.close(fd)
+
+
 def _enter_namespaces(spec: dict) -> None:
     """Runs as root in the harness; returns in the forked PID-1 child, as the sandbox uid."""
     _check(_libc.unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID), "unshare")
@@ -98,7 +125,9 @@ def _enter_namespaces(spec: dict) -> None:
         os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
     uid = int(spec["uid"])
     tmp_mb = int(spec["limits"]["tmpfs_mb"])
+    pinned = _pin_under("/tmp")
     _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
+    _restore_pinned(pinned)
     _expose_interpreter()
     for path in ("/var/tmp", "/dev/shm"):
         if os.path.isdir(path):
@@ -151,11 +180,26 @@ def main() -> None:
         _write(fd, f"{token}\t{kind}\t{index}\t{payload}\n".encode())
 
     try:
+        root_fallback = spec["isolation"] == "rlimits" and os.geteuid() == 0
         if spec["isolation"] == "namespaces":
             _enter_namespaces(spec)
+        elif root_fallback:
+            if _libc.unshare(CLONE_NEWNET) != 0:
+                emit("NOTE", -1, "no network namespace: root without CAP_SYS_ADMIN")
         elif spec["isolation"] == "rlimits" and _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
             emit("NOTE", -1, "no network namespace: unprivileged user namespaces unavailable")
         _set_limits(spec["limits"])
+        if root_fallback:
+            # Root without namespaces: at least stop being root, so the program cannot signal or
+            # read root's processes and files (kill(-1, SIGKILL) would take the trainer down).
+            # The cost: modules under a root-only folder (/root/.pyenv) that are not imported yet
+            # cannot be imported. Install bubblewrap or grant CAP_SYS_ADMIN for the full sandbox.
+            uid = int(spec["uid"])
+            os.chown(os.getcwd(), uid, uid)
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     except Exception as exc:  # noqa: BLE001 - a sandbox that cannot be built must never run the program
         emit("SETUP", -1, f"{_type(exc).__name__}: {exc}")
         os._exit(3)

@@ -135,12 +135,22 @@ def bwrap_argv(workdir: str) -> list[str]:
         "--dev", "/dev",
         "--proc", "/proc",
         "--tmpfs", "/tmp",
+        # The interpreter, its venv and the harness may live under /tmp (a CI checkout): bind them
+        # back read-only over the fresh tmpfs, or the sandbox cannot start.
+        *[arg for path in _interpreter_paths_under("/tmp") for arg in ("--ro-bind", path, path)],
         "--bind", workdir, workdir,
         "--chdir", workdir,
         "--unshare-all",
         "--die-with-parent",
         "--new-session",
     ]
+
+
+def _interpreter_paths_under(top: str) -> list[str]:
+    """Topmost of the paths the harness needs (interpreter, prefixes, the harness file) under ``top``."""
+    needed = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable), str(HARNESS_PATH)}
+    inside = sorted(os.path.realpath(p) for p in needed if os.path.realpath(p).startswith(top + "/"))
+    return [p for i, p in enumerate(inside) if not any(p.startswith(q + "/") for q in inside[:i])]
 
 
 def _sweep(predicate, max_passes: int = 50) -> int:

@@ -153,3 +153,21 @@ def test_a_sandbox_that_cannot_be_built_raises_instead_of_scoring_zero():
     # model code runs; that must surface as an error, not as every completion being "wrong".
     with pytest.raises(SandboxSetupError, match="could not be set up"):
         run_sandboxed("pass", [], limits=Limits(nofile=2**40))
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="the uid drop applies when the parent is root")
+def test_rlimits_fallback_as_root_cannot_signal_root_processes():
+    # Without namespaces a program running as root could kill(-1, SIGKILL) every root process,
+    # the trainer (and CI) included. The fallback drops to a uid of its own first.
+    import subprocess
+    import sys
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        code = "import os\nos.kill(-1, 9)\ndef add(a, b):\n    return a + b\n"
+        v = check_code(code, ["assert add(1, 2) == 3"], limits=FAST, isolation="rlimits")
+        assert v.extra["isolation"] == "rlimits"
+        assert bystander.poll() is None, "the sandboxed program killed a root process outside the sandbox"
+    finally:
+        bystander.kill()
+        bystander.wait()
