@@ -65,11 +65,17 @@ class Console:
         if not samples:
             return
         table = Table(show_header=True, header_style="bold", show_lines=False, pad_edge=False)
-        for col in ("class", "prompt", "completion", "reward", "adv"):
+        for col in ("class", "prompt", "completion", "gold", "reward", "adv"):
             table.add_column(col, overflow="fold", max_width=48 if col in ("prompt", "completion") else None)
+        seen = set()
         for s in samples:
+            key = (s.get("class"), s.get("prompt"), s.get("completion"))
+            if key in seen:  # two identical completions of one group say nothing new
+                continue
+            seen.add(key)
+            gold = (s.get("columns") or {}).get("answer", "")
             table.add_row(str(s.get("class", "")), _short(s.get("prompt", "")), _short(s.get("completion", "")),
-                          _fmt(s.get("reward")), _fmt(s.get("advantage")))
+                          _short(gold, 24), _fmt(s.get("reward")), _fmt(s.get("advantage")))
         self.rich.print(table)
 
     def finish(self, before: dict[str, Any], after: dict[str, Any], run_dir: Path) -> None:
