@@ -26,9 +26,23 @@ the choice's ``token_ids`` (vLLM ≥ 0.10.2), ``logprobs.tokens`` as ``"token_id
 ``--return-tokens-as-token-ids``), else the text re-tokenized locally (log-probs are then dropped
 unless the lengths agree, because they could be misaligned).
 
+``dialect="llama-cpp-python"`` adapts the request to llama-cpp-python's server (``python -m
+llama_cpp.server``, 0.3.x), which differs from the OpenAI protocol in ways read from its source
+(``llama_cpp/server/types.py``, ``app.py``, ``Llama._create_completion``): its ``prompt`` must be a
+string (a token-id list fails validation), it ignores ``n`` (one choice per request), its
+repetition penalty is ``repeat_penalty`` (default 1.1) and its ``min_p`` / ``top_k`` default to 0.05 /
+40 (``top_k=0`` disables). So the prompt ids are decoded with special tokens kept and re-tokenized by
+the server (checked: ``usage.prompt_tokens`` must equal the prompt's length, else an error), ``n``
+requests are sent per prompt with seeds ``seed, seed+1, ...``, and every filter is sent explicitly.
+It returns no token ids; they are recovered from the per-token pieces in ``logprobs.tokens`` when
+each piece re-tokenizes to exactly one token (always true for character-level vocabularies). Its
+log-probs are ``log_softmax`` of the raw logits (temperature 1, before any filter), and the EOS token
+that ends a completion is not returned (no id, no log-prob), so such completions end without it.
+
 Log-prob semantics depend on the server: vLLM reports raw (pre-temperature) log-probs unless started
-with ``--logprobs-mode processed_logprobs``; llama.cpp reports post-sampling probabilities. The
-mismatch metrics (rlvr.rollout.mismatch) show how far they are from the trainer's.
+with ``--logprobs-mode processed_logprobs``; llama-cpp-python reports raw log-probs (above);
+llama.cpp's own ``llama-server`` reports post-sampling probabilities. The mismatch metrics
+(rlvr.rollout.mismatch) show how far they are from the trainer's.
 """
 
 from __future__ import annotations
@@ -49,6 +63,9 @@ import torch
 
 from rlvr.rollout.base import Completion, SamplingParams
 from rlvr.rollout.common import make_completion, resolve_eos_ids, validate_request
+
+#: Request/response conventions understood by ``dialect=``; see the module docstring.
+DIALECTS: tuple[str, ...] = ("openai", "llama-cpp-python")
 
 
 class OpenAICompletionsEngine:
@@ -74,7 +91,14 @@ class OpenAICompletionsEngine:
         reload_url: str | None = None,
         reload_command: str | None = None,
         ready_timeout_s: float = 600.0,
+        dialect: str = "openai",
     ):
+        if dialect not in DIALECTS:
+            raise ValueError(
+                f"openai engine: unknown dialect {dialect!r}; valid: {', '.join(DIALECTS)}. Use 'openai' for "
+                "vLLM, SGLang, TGI and llama.cpp's llama-server, 'llama-cpp-python' for python -m llama_cpp.server."
+            )
+        self.dialect = dialect
         self.model = model  # the live policy: only read when exporting for a reload
         self.tokenizer = tokenizer
         self.base_url = base_url.rstrip("/")
@@ -147,6 +171,8 @@ class OpenAICompletionsEngine:
 
     # -- sampling -------------------------------------------------------------------------------
     def _payload(self, prompt: list[int], n: int, sampling: SamplingParams) -> dict:
+        if self.dialect == "llama-cpp-python":
+            return self._llama_cpp_python_payload(prompt, sampling)
         payload = {
             "model": self.model_name,
             "prompt": prompt,
@@ -171,6 +197,40 @@ class OpenAICompletionsEngine:
             payload["seed"] = sampling.seed
         return payload
 
+    def _llama_cpp_python_payload(
+        self, prompt: list[int], sampling: SamplingParams
+    ) -> dict:
+        """One completion (the server ignores ``n``); every filter explicit, since its defaults filter."""
+        payload = {
+            "model": self.model_name,
+            # Special tokens kept so the server's tokenizer (special=True) maps "<s>" back to BOS.
+            "prompt": self.tokenizer.decode(prompt, skip_special_tokens=False),
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": max(sampling.top_k, 0),
+            "min_p": sampling.min_p,
+            "repeat_penalty": sampling.repetition_penalty,
+            "logprobs": 1,
+            "echo": False,
+        }
+        if sampling.stop:
+            payload["stop"] = list(sampling.stop)
+        if sampling.seed is not None:
+            payload["seed"] = sampling.seed
+        return payload
+
+    def _piece_ids(self, choice: dict, n_logprobs: int) -> list[int] | None:
+        """Ids from the per-token text pieces of ``logprobs.tokens`` (servers that return no ids), when
+        each piece is exactly one token and the pieces spell the returned text; else None."""
+        pieces = (choice.get("logprobs") or {}).get("tokens") or []
+        if len(pieces) != n_logprobs or not "".join(pieces).startswith(
+            choice.get("text", "")
+        ):
+            return None
+        ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in pieces]
+        return [i[0] for i in ids] if all(len(i) == 1 for i in ids) else None
+
     def _choice_ids(self, choice: dict) -> tuple[list[int], list[float] | None]:
         lp = choice.get("logprobs") or {}
         logprobs = lp.get("token_logprobs")
@@ -181,6 +241,8 @@ class OpenAICompletionsEngine:
             and all(str(t).startswith("token_id:") for t in lp["tokens"])
         ):
             ids = [int(str(t).split(":", 1)[1]) for t in lp["tokens"]]
+        if ids is None and logprobs is not None:
+            ids = self._piece_ids(choice, len(logprobs))
         if ids is None:
             ids = self.tokenizer.encode(
                 choice.get("text", ""), add_special_tokens=False
@@ -194,8 +256,13 @@ class OpenAICompletionsEngine:
     def _one_prompt(
         self, index: int, prompt: list[int], n: int, sampling: SamplingParams
     ) -> list[Completion]:
-        resp = self._request("/v1/completions", self._payload(prompt, n, sampling))
-        choices = sorted(resp.get("choices", []), key=lambda c: c.get("index", 0))
+        if self.dialect == "llama-cpp-python":
+            choices = [
+                self._llama_cpp_python_choice(prompt, sampling, i) for i in range(n)
+            ]
+        else:
+            resp = self._request("/v1/completions", self._payload(prompt, n, sampling))
+            choices = sorted(resp.get("choices", []), key=lambda c: c.get("index", 0))
         if len(choices) != n:
             raise RuntimeError(
                 f"openai engine: asked for n={n} completions, the server returned {len(choices)}."
@@ -228,6 +295,25 @@ class OpenAICompletionsEngine:
                 completion.finish_reason = "stop"
             out.append(completion)
         return out
+
+    def _llama_cpp_python_choice(
+        self, prompt: list[int], sampling: SamplingParams, i: int
+    ) -> dict:
+        payload = self._llama_cpp_python_payload(prompt, sampling)
+        if sampling.seed is not None:
+            payload["seed"] = (
+                sampling.seed + i
+            )  # one request per sample: distinct, reproducible seeds
+        resp = self._request("/v1/completions", payload)
+        served = (resp.get("usage") or {}).get("prompt_tokens")
+        if served is not None and served != len(prompt):
+            raise RuntimeError(
+                f"openai engine (llama-cpp-python): the server tokenized the {len(prompt)}-token prompt "
+                f"{payload['prompt']!r} into {served} tokens, so it would sample from a different prompt. "
+                "The GGUF's tokenizer must reproduce the policy's (rlvr.rollout.gguf_export writes one that "
+                "does for byte-level and character-level BPE), and its add_bos_token must be false."
+            )
+        return (resp.get("choices") or [{}])[0]
 
     def generate(
         self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams

@@ -1,0 +1,134 @@
+"""Start, stop and restart llama-cpp-python's OpenAI-compatible server for the tests (issue 8).
+
+The server cannot swap weights in place, so a "reload" is a restart on a new GGUF: this module is also
+the ``reload_command`` the stale-sampler test hands to the ``openai`` engine::
+
+    python llamacpp_server.py restart --hf <exported folder> --gguf <out.gguf> --port P --pid-file F
+
+It converts the exported Hugging Face folder with ``rlvr.rollout.gguf_export``, stops the server whose
+pid is in the pid file, starts a new one on the same port (its own session, so it outlives this
+command) and returns once ``/v1/models`` answers. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+READY_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(gguf: Path, port: int, log: Path) -> int:
+    """Start the server on ``gguf`` in its own session; return its pid once it answers /v1/models."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(gguf),
+        "--model_alias",
+        "tiny-arith",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        # One thread: the model is tiny and the machine is shared; 512 tokens is the model's context.
+        "--n_ctx",
+        "512",
+        "--n_threads",
+        "1",
+        "--n_threads_batch",
+        "1",
+        "--verbose",
+        "false",
+    ]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=REPO,
+        )
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"llama_cpp.server exited with {proc.returncode}; log:\n{log.read_text()[-3000:]}"
+            )
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{port}/v1/models", timeout=2
+            ):
+                return proc.pid
+        except OSError:
+            time.sleep(0.2)
+    stop(proc.pid)
+    raise TimeoutError(
+        f"llama_cpp.server not ready after {READY_TIMEOUT_S} s; log:\n{log.read_text()[-3000:]}"
+    )
+
+
+def stop(pid: int, timeout_s: float = 10.0) -> None:
+    """SIGTERM the server started by ``start`` (and its session), SIGKILL after ``timeout_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(
+                pid, sig
+            )  # start_new_session made the server its own process-group leader
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)  # reap it when it is our child
+                if done == pid:
+                    return
+            except (
+                ChildProcessError
+            ):  # started by another process (a restart): poll for it instead
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    return
+            time.sleep(0.05)
+
+
+def restart(hf_dir: Path, gguf: Path, port: int, pid_file: Path, log: Path) -> int:
+    sys.path.insert(0, str(REPO))
+    from rlvr.rollout.gguf_export import export_llama_gguf
+
+    tmp = gguf.with_suffix(".tmp.gguf")
+    export_llama_gguf(hf_dir, tmp)
+    if pid_file.exists():
+        stop(int(pid_file.read_text()))
+    os.replace(tmp, gguf)
+    pid = start(gguf, port, log)
+    pid_file.write_text(str(pid))
+    return pid
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["restart"])
+    parser.add_argument("--hf", type=Path, required=True)
+    parser.add_argument("--gguf", type=Path, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--pid-file", type=Path, required=True)
+    args = parser.parse_args()
+    restart(args.hf, args.gguf, args.port, args.pid_file, args.gguf.with_suffix(".log"))
