@@ -181,14 +181,17 @@ def export_llama_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    # llama.cpp refuses a gpt2 vocab without a merges key, and GGUFWriter.add_token_merges skips empty
-    # lists, so the (possibly empty) string array is written directly.
-    writer.add_key_value(
-        gguf.Keys.Tokenizer.MERGES,
-        merges,
-        gguf.GGUFValueType.ARRAY,
-        sub_type=gguf.GGUFValueType.STRING,
-    )
+    # llama.cpp refuses a gpt2 vocab without a merges key and gguf refuses an empty array, so a
+    # character-level vocab gets one merge that can never fire: BPE starts from single characters and
+    # no other merge builds the multi-character symbols it names.
+    if not merges:
+        long_tokens = [t for t in tokens if len(t) > 1 and " " not in t][:2]
+        if len(long_tokens) < 2:
+            raise ValueError(
+                f"gguf_export: {model_dir} has no merges and fewer than two multi-character tokens."
+            )
+        merges = [" ".join(long_tokens)]
+    writer.add_token_merges(merges)
     for role, add in (
         ("bos", writer.add_bos_token_id),
         ("eos", writer.add_eos_token_id),

@@ -53,6 +53,11 @@ def start(gguf: Path, port: int, log: Path) -> int:
         "1",
         "--n_threads_batch",
         "1",
+        # A float32 KV cache (GGML type 0): the default f16 cache moved log-probs by up to 0.05 here.
+        "--type_k",
+        "0",
+        "--type_v",
+        "0",
         "--verbose",
         "false",
     ]
