@@ -5,11 +5,16 @@ A checkpoint is a folder ``OUTPUT_DIR/checkpoints/step-000050/`` holding:
 - ``trainable.safetensors``: every trainable parameter (all weights, or only the LoRA adapter);
   frozen weights are re-read from ``model.path`` on resume, so a LoRA checkpoint stays small;
 - ``optimizer.pt``, ``scheduler.pt``: their ``state_dict()``;
-- ``state.json``: step counters, data position, diagnostics and DAPO histories (anything JSON-able);
-- ``rng.pt``: Python, NumPy and torch (CPU and CUDA) generator states.
+- ``state.json``: step counters, diagnostics and anything else JSON-able that rank 0 owns;
+- ``rank-state{r}.json``, ``rng-rank{r}.pt`` per process r: what differs between ranks (data
+  position, sampling counters, DAPO histories) and the Python, NumPy and torch (CPU and CUDA)
+  generator states. One process writes only rank 0's.
 
 It is written into ``.tmp-step-000050`` and renamed into place only when complete: ``os.replace``
-of a directory is atomic on POSIX, so a checkpoint folder either exists whole or not at all.
+of a directory is atomic on POSIX, so a checkpoint folder either exists whole or not at all. With
+several processes, every rank writes its own two files into the temporary folder and rank 0
+renames it once all have (two barriers); the run folder must be on a file system all ranks share.
+Weights, optimizer and scheduler are the same on every rank under DDP, so only rank 0 writes them.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from rlvr import distributed
 
 try:
     import numpy as np
@@ -64,22 +71,32 @@ def save_checkpoint(
     scheduler: Any,
     state: dict[str, Any],
     keep: int | None = None,
+    rank_state: dict[str, Any] | None = None,
+    rank: int = 0,
+    world: int = 1,
 ) -> Path:
-    ckpt_root.mkdir(parents=True, exist_ok=True)
+    """Called by every rank with its own `rank_state`; `model` is the unwrapped module (no ``module.``)."""
     final = ckpt_root / f"step-{step:06d}"
     tmp = ckpt_root / f".tmp-step-{step:06d}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    if rank == 0:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    distributed.barrier()  # the temporary folder exists before any rank writes into it
+    torch.save(_rng_state(), tmp / f"rng-rank{rank}.pt")
+    (tmp / f"rank-state{rank}.json").write_text(json.dumps(rank_state or {}))
+    if rank != 0:
+        _fsync_files(tmp, (f"rng-rank{rank}.pt", f"rank-state{rank}.json"))
+    distributed.barrier()  # every rank's files are on disk before rank 0 makes the folder visible
+    if rank != 0:
+        return final
     trainable = {n: p.detach().contiguous().cpu() for n, p in model.named_parameters() if p.requires_grad}
     save_file(trainable, str(tmp / "trainable.safetensors"))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(_rng_state(), tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps(state))
-    for f in tmp.iterdir():  # data on disk before the rename makes it visible
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+    (tmp / "state.json").write_text(json.dumps({**state, "world_size": world}))
+    _fsync_files(tmp, [f.name for f in tmp.iterdir()])  # data on disk before the rename makes it visible
     if final.exists():  # re-saving the same step (e.g. the final save): replace it whole
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -88,6 +105,12 @@ def save_checkpoint(
         for old in list_checkpoints(ckpt_root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _fsync_files(folder: Path, names: Any) -> None:
+    for name in names:
+        with open(folder / name, "rb") as fh:
+            os.fsync(fh.fileno())
 
 
 def list_checkpoints(ckpt_root: Path) -> list[Path]:
@@ -102,13 +125,21 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
 
 
 def load_checkpoint(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
-) -> dict[str, Any]:
-    """Restore everything saved by save_checkpoint; returns the JSON state."""
-    missing = [f for f in ("trainable.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "state.json")
-               if not (path / f).exists()]
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int = 0,
+    world: int = 1,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Restore everything save_checkpoint wrote for this rank; returns (the shared JSON state, this
+    rank's JSON state)."""
+    missing = [f for f in ("trainable.safetensors", "optimizer.pt", "scheduler.pt", f"rng-rank{rank}.pt",
+                           f"rank-state{rank}.json", "state.json") if not (path / f).exists()]
     if missing:
         raise FileNotFoundError(f"checkpoint {path} is incomplete (missing {', '.join(missing)}); pick another")
+    state = json.loads((path / "state.json").read_text())
+    if state.get("world_size", 1) != world:
+        raise ValueError(
+            f"checkpoint {path} was written by {state.get('world_size', 1)} processes and this run has {world}: "
+            "each process resumes its own data shard and random state, so resume with the same number of "
+            "processes (torchrun --nproc_per_node), or start a new run from its weights (model.path).")
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, value in load_file(str(path / "trainable.safetensors")).items():
@@ -117,5 +148,5 @@ def load_checkpoint(
             params[name].copy_(value)
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
-    _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
-    return json.loads((path / "state.json").read_text())
+    _set_rng_state(torch.load(path / f"rng-rank{rank}.pt", weights_only=False))
+    return state, json.loads((path / f"rank-state{rank}.json").read_text())

@@ -3,10 +3,16 @@
 The stream's whole state is one integer, the number of rows handed out so far: a resumed run
 rebuilds the same stream from the seed and skips that many rows, so data order is bitwise the same
 as in a run that was never interrupted.
+
+With several processes every rank builds the same seeded stream and keeps every world-th row,
+starting at its rank: rows r, r+W, r+2W, ... The shards are disjoint and deterministic, and each
+rank's position is its own, so a rank that draws more (DAPO refills, predictive skipping) never
+shifts another rank's prompts.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any, Iterator
 
@@ -43,11 +49,12 @@ def format_row(cfg: Config, row: dict) -> dict:
 
 
 class PromptStream:
-    """An endless, seeded, resumable iterator of dataset rows (dicts with at least 'prompt')."""
+    """An endless, seeded, resumable iterator of dataset rows (dicts with at least 'prompt'); with
+    ``world > 1``, this rank's shard of it (every world-th row from ``rank``)."""
 
-    def __init__(self, cfg: Config):
-        self.cfg = cfg
-        self.position = 0
+    def __init__(self, cfg: Config, rank: int = 0, world: int = 1):
+        self.cfg, self.rank, self.world = cfg, rank, world
+        self.position = 0  # rows this rank has handed out
         self._rows: list[dict] | None = None
         if cfg.data.path is not None:
             self._rows = _file_rows(cfg, cfg.data.path)
@@ -55,7 +62,15 @@ class PromptStream:
                 raise ValueError(f"dataset {cfg.data.path!r} has no rows")
             for i, row in enumerate(self._rows):
                 row.setdefault("prompt_id", str(i))
-        self._it = self._iterate()
+            if len(self._rows) < world:
+                raise ValueError(
+                    f"dataset {cfg.data.path!r} has {len(self._rows)} rows but the run has {world} processes: "
+                    "each process samples its own disjoint prompts, so some would have none. Launch at most "
+                    f"{len(self._rows)} processes (torchrun --nproc_per_node) or use a larger dataset.")
+        self._it = self._shard()
+
+    def _shard(self) -> Iterator[dict]:
+        return itertools.islice(self._iterate(), self.rank, None, self.world)
 
     def _iterate(self) -> Iterator[dict]:
         seed = self.cfg.train.seed
@@ -90,7 +105,7 @@ class PromptStream:
         return {"position": self.position}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._it = self._iterate()
+        self._it = self._shard()
         self.position = 0
         for _ in range(state["position"]):
             next(self._it)

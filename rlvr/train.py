@@ -11,6 +11,10 @@ completions, B = that / G prompts. It is cut into ``steps_per_generation`` micro
 ``gradient_accumulation_steps`` micro-batches make one optimizer step; the whole batch is
 reused ``num_iterations`` times. ``max_steps``, ``save_steps`` and ``logging_steps`` count
 optimizer steps. Checkpoints are taken between generation batches.
+
+Many processes (``torchrun``, rlvr/distributed.py): every rank runs this same loop on its own
+disjoint prompts, so a generation batch is world x that many completions; groups stay whole on one
+rank, gradients are averaged by DDP, and rank 0 alone logs, evaluates and writes the run folder.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from rlvr import core
+from rlvr import core, distributed
 from rlvr.batch import PackedBatch, Rollouts, batch_metrics, completion_records, pack
 from rlvr.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlvr.components import (MetricLogger, PhaseTimer, build_optimizer, build_scheduler, load_model,
@@ -46,8 +50,10 @@ class Run:
 
     cfg: Config
     run_dir: Path
+    dist: distributed.Dist
     device: torch.device
-    model: torch.nn.Module
+    model: torch.nn.Module  # the bare model: engine, no-grad passes, checkpoints
+    policy: torch.nn.Module  # what the update forwards through: DDP(model) with several ranks, else model
     ref_model: torch.nn.Module | None
     tokenizer: Any
     engine: RolloutEngine
@@ -57,7 +63,7 @@ class Run:
     scheduler: Any
     diagnostics: Any
     groups: GroupFilter
-    logger: MetricLogger
+    logger: MetricLogger | None  # rank 0 only
     console: Console
     timer: PhaseTimer = field(default_factory=PhaseTimer)
     step: int = 0  # optimizer steps taken
@@ -77,7 +83,8 @@ def rollout(run: Run, num_prompts: int) -> Rollouts:
     r = cfg.rollout
     sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
                               repetition_penalty=r.repetition_penalty, max_tokens=r.max_completion_length,
-                              stop=tuple(r.stop), seed=cfg.train.seed * 1_000_003 + run.generation)
+                              stop=tuple(r.stop),
+                              seed=cfg.train.seed * 1_000_003 + run.generation + run.dist.rank * 7_919_993)
     run.generation += 1
     completions = run.engine.generate(prompt_ids, g, sampling)
     return Rollouts(g, rows, prompt_ids, completions, policy_lag=run.step - run.engine_version)
@@ -102,11 +109,17 @@ def reward(run: Run, batch: Rollouts) -> None:
 
 
 def advantage(run: Run, batch: Rollouts) -> torch.Tensor:
-    """Group-relative advantages: weighted reward sum, minus the group baseline, over the chosen std."""
+    """Group-relative advantages: weighted reward sum, minus the group baseline, over the chosen std.
+    Groups are whole on one rank, but batch statistics (scale_rewards="batch", the batch-normalised
+    estimators) are over the whole generation batch: with several ranks, gather every rank's rewards
+    (one all-gather of N x K floats), compute as one process would, keep this rank's rows."""
     a = run.cfg.algo
     weights_K = torch.tensor([rf.weight for rf in run.reward_fns], dtype=torch.float64)
-    return core.compute_advantages(batch.rewards_NK, group_size=batch.group_size, weights_K=weights_K,
-                                   scale_rewards=a.scale_rewards, estimator=a.advantage_estimator)
+    n = len(batch)
+    adv_N = core.compute_advantages(distributed.all_gather_rows(batch.rewards_NK), group_size=batch.group_size,
+                                    weights_K=weights_K, scale_rewards=a.scale_rewards,
+                                    estimator=a.advantage_estimator)
+    return adv_N[run.dist.rank * n: (run.dist.rank + 1) * n]
 
 
 def completion_logprobs(run: Run, model: torch.nn.Module, mb: PackedBatch,
@@ -158,7 +171,9 @@ def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, old_NT: torch.Ten
     mask_NT = packed.mask_NT
     if a.mask_truncated_completions:  # DAPO overlong filtering: truncated completions carry no loss
         mask_NT = mask_NT * (~truncated_N).to(mask_NT.dtype).unsqueeze(1)
-    num_items = mask_NT.sum()  # active tokens of the whole generation batch (dapo/cispo normaliser)
+    # Active tokens of the whole generation batch over all ranks (the dapo/cispo normaliser, TRL's
+    # num_items_in_batch): one scalar all-reduce per generation batch.
+    num_items = distributed.all_reduce_sum(mask_NT.sum())
     is_w_NT, step_metrics, is_metrics = None, [], {}
     if old_NT is not None and packed.sampler_logp_NT is not None and not run.engine.samples_live_policy \
             and a.sampler_importance_sampling_correction:
@@ -169,20 +184,23 @@ def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, old_NT: torch.Ten
     for _ in range(a.num_iterations):
         for first in range(0, len(mbs), t.gradient_accumulation_steps):
             sums: dict[str, float] = {}
-            for s in mbs[first: first + t.gradient_accumulation_steps]:
-                logp_NT, ent_NT = completion_logprobs(run, run.model, packed.rows(s), with_entropy=True)
-                loss, metrics = core.policy_loss(
-                    logp_NT, None if old_NT is None else old_NT[s], adv_N[s].to(logp_NT.dtype), mask_NT[s],
-                    loss_type=a.loss_type, beta=a.beta, ref_logp_NT=None if ref_NT is None else ref_NT[s],
-                    epsilon=a.epsilon, epsilon_high=a.epsilon_high, delta=a.delta,
-                    importance_sampling_level=a.importance_sampling_level,
-                    max_completion_length=cfg.rollout.max_completion_length, num_items_in_batch=num_items,
-                    gradient_accumulation_steps=t.gradient_accumulation_steps, steps_per_generation=t.spg,
-                    num_processes=1, kl_estimator=a.kl_estimator, kl_bias_correction=a.use_bias_correction_kl,
-                    sapo_temperature_pos=a.sapo_temperature_pos, sapo_temperature_neg=a.sapo_temperature_neg,
-                    entropy_NT=ent_NT, top_entropy_quantile=a.top_entropy_quantile,
-                    sampler_is_weights_NT=None if is_w_NT is None else is_w_NT[s])
-                loss.backward()
+            window = mbs[first: first + t.gradient_accumulation_steps]
+            for j, s in enumerate(window):
+                with distributed.no_sync(run.policy, sync=j == len(window) - 1):  # DDP: all-reduce once per step
+                    logp_NT, ent_NT = completion_logprobs(run, run.policy, packed.rows(s), with_entropy=True)
+                    loss, metrics = core.policy_loss(
+                        logp_NT, None if old_NT is None else old_NT[s], adv_N[s].to(logp_NT.dtype), mask_NT[s],
+                        loss_type=a.loss_type, beta=a.beta, ref_logp_NT=None if ref_NT is None else ref_NT[s],
+                        epsilon=a.epsilon, epsilon_high=a.epsilon_high, delta=a.delta,
+                        importance_sampling_level=a.importance_sampling_level,
+                        max_completion_length=cfg.rollout.max_completion_length, num_items_in_batch=num_items,
+                        gradient_accumulation_steps=t.gradient_accumulation_steps, steps_per_generation=t.spg,
+                        num_processes=run.dist.world, kl_estimator=a.kl_estimator,
+                        kl_bias_correction=a.use_bias_correction_kl,
+                        sapo_temperature_pos=a.sapo_temperature_pos, sapo_temperature_neg=a.sapo_temperature_neg,
+                        entropy_NT=ent_NT, top_entropy_quantile=a.top_entropy_quantile,
+                        sampler_is_weights_NT=None if is_w_NT is None else is_w_NT[s])
+                    loss.backward()
                 metrics["loss"] = loss.detach()
                 if packed.sampler_logp_NT is not None:  # honest log-probs: sampler vs trainer, every step
                     metrics.update(logprob_mismatch_metrics(packed.sampler_logp_NT[s], logp_NT.detach(), mask_NT[s]))
@@ -214,19 +232,31 @@ def sync(run: Run) -> None:
 
 
 def log(run: Run, batch: Rollouts, adv_N: torch.Tensor, step_metrics: list[dict[str, float]]) -> None:
-    """Metrics line, diagnostics (group outcomes, hacking monitors), samples, console."""
-    m = batch_metrics(batch, run.reward_fns, run.reward_errors)
+    """Metrics line, diagnostics (group outcomes, hacking monitors), samples, console. With several
+    ranks, rank 0 gathers every rank's batch (one pickled gather per generation batch) and describes
+    the whole generation batch, as one process would; per-rank scalars are averaged, counts summed."""
+    local = (batch, adv_N, step_metrics, run.reward_errors, run.groups.pop_metrics(), run.timer.pop())
+    parts = distributed.gather_to_main(local)
+    if parts is None:
+        return  # not rank 0: it has logged its share
+    if len(parts) > 1:
+        batch = Rollouts(batch.group_size)
+        for p in parts:
+            batch.extend(p[0])
+        adv_N = torch.cat([p[1] for p in parts])
+        step_metrics = distributed.reduce_step_metrics([p[2] for p in parts])
+    m = batch_metrics(batch, run.reward_fns, distributed.sum_counts([p[3] for p in parts]))
     recs = completion_records(batch, run.reward_fns, adv_N, run.step)
     diag_metrics, warnings = run.diagnostics.observe(run.step, recs)
     m.update(diag_metrics)
-    m.update(run.groups.pop_metrics())
+    m.update(distributed.reduce_metrics([p[4] for p in parts]))  # DAPO counters
     for key in step_metrics[0] if step_metrics else []:
         m[key] = sum(s[key] for s in step_metrics) / len(step_metrics)
+    m.update(distributed.reduce_metrics([p[5] for p in parts]))  # phase timings
     del warnings  # Diagnostics already printed them through run.console.raw
     mism = check_mismatch(m)
     if mism:
         run.console.warn(mism)
-    m.update(run.timer.pop())
     m["tokens_per_second"] = m["num_tokens"] / max(1e-9, m.get("timing/rollout", 0.0))
     if run.step % run.cfg.log.logging_steps == 0 or run.step >= run.cfg.train.max_steps:
         run.logger.log(run.step, m)
@@ -241,14 +271,14 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
     from rlvr.diagnostics import Diagnostics
     from rlvr.diagnostics.header import run_fingerprints
 
-    console = console or Console(enabled=cfg.log.progress)
+    d, device = distributed.init()
+    console = console or Console(enabled=cfg.log.progress and d.is_main)
     run_dir = Path(cfg.log.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.train.num_threads is not None:
         torch.set_num_threads(cfg.train.num_threads)
     random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tokenizer = load_tokenizer(cfg.model.path)
     model = load_model(cfg, device)
     # beta = 0 loads no reference model (TRL default); with LoRA the base model is the reference.
@@ -272,32 +302,37 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
     specs = [(n, w, {"max_completion_length": cfg.rollout.max_completion_length, **o} if n == "overlong" else o)
              for n, w, o in specs]
     reward_fns = load_reward_functions(specs)
-    stream = PromptStream(cfg)
+    stream = PromptStream(cfg, d.rank, d.world)
+    policy = distributed.wrap(model, d, device)
     optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg, optimizer)
-    diagnostics = Diagnostics(run_dir, cfg.rollout.num_generations, [rf.name for rf in reward_fns],
+    diagnostics = Diagnostics(run_dir if d.is_main else None, cfg.rollout.num_generations, [rf.name for rf in reward_fns],
                               [rf.weight for rf in reward_fns], {rf.name: rf.kind for rf in reward_fns},
                               reward_funcs={rf.name: rf.fn for rf in reward_fns},
-                              record_rollouts=cfg.log.record_rollouts,
+                              record_rollouts=cfg.log.record_rollouts and d.is_main,
                               samples_per_class=cfg.log.samples_per_class, console=console.raw)
     # Fingerprints say which data and checkers made this run: a file dataset whole, a task's stream by
     # its first 1,000 rows (same seed and options => same stream), plus the held-out rows.
-    fp_rows = stream.peek(1000) + eval_rows(cfg)
-    write_run_header(run_dir, cfg, {"rewards": [rf.name for rf in reward_fns], "device": str(device),
-                                    **run_fingerprints(fp_rows, {rf.name: rf.fn for rf in reward_fns})})
-    return Run(cfg, run_dir, device, model, ref_model, tokenizer, engine, reward_fns, stream, optimizer,
+    if d.is_main:
+        fp_rows = stream.peek(1000) + eval_rows(cfg)
+        write_run_header(run_dir, cfg, {"rewards": [rf.name for rf in reward_fns], "device": str(device),
+                                        "num_processes": d.world,
+                                        **run_fingerprints(fp_rows, {rf.name: rf.fn for rf in reward_fns})})
+    return Run(cfg, run_dir, d, device, model, policy, ref_model, tokenizer, engine, reward_fns, stream, optimizer,
                scheduler, diagnostics,
                GroupFilter(cfg.dapo, cfg.rollout.num_generations, cfg.train.seed,
                            torch.tensor([rf.weight for rf in reward_fns], dtype=torch.float64)),
-               MetricLogger(run_dir, cfg), console)
+               MetricLogger(run_dir, cfg) if d.is_main else None, console)
 
 
 def save(run: Run) -> Path:
-    state = {"step": run.step, "generation": run.generation, "engine_version": run.engine_version,
-             "stream": run.stream.state_dict(), "diagnostics": run.diagnostics.state_dict(),
-             "groups": run.groups.state_dict(), "reward_errors": run.reward_errors}
+    """Every rank calls this: its data position, counters and RNG go into the checkpoint beside rank 0's."""
+    state = {"step": run.step, "engine_version": run.engine_version, "diagnostics": run.diagnostics.state_dict()}
+    rank_state = {"generation": run.generation, "stream": run.stream.state_dict(),
+                  "groups": run.groups.state_dict(), "reward_errors": run.reward_errors}
     return save_checkpoint(run.run_dir / "checkpoints", run.step, run.model, run.optimizer, run.scheduler,
-                           state, keep=run.cfg.log.save_total_limit)
+                           state, keep=run.cfg.log.save_total_limit, rank_state=rank_state,
+                           rank=run.dist.rank, world=run.dist.world)
 
 
 def _truncate_log(path: Path, step: int) -> None:
@@ -313,20 +348,21 @@ def maybe_resume(run: Run) -> None:
     if path is None:
         run.console.info(f"resume: no checkpoint in {run.run_dir / 'checkpoints'} yet; starting fresh")
         return
-    state = load_checkpoint(path, run.model, run.optimizer, run.scheduler)
-    run.step, run.generation, run.engine_version = state["step"], state["generation"], state["engine_version"]
-    run.stream.load_state_dict(state["stream"])
+    state, mine = load_checkpoint(path, run.model, run.optimizer, run.scheduler, run.dist.rank, run.dist.world)
+    run.step, run.generation, run.engine_version = state["step"], mine["generation"], state["engine_version"]
+    run.stream.load_state_dict(mine["stream"])
     run.diagnostics.load_state_dict(state["diagnostics"])
-    run.groups.load_state_dict(state["groups"])
-    run.reward_errors = state["reward_errors"]
-    _truncate_log(run.run_dir / "metrics.jsonl", run.step)  # lines the killed attempt wrote after the checkpoint
+    run.groups.load_state_dict(mine["groups"])
+    run.reward_errors = mine["reward_errors"]
+    if run.dist.is_main:
+        _truncate_log(run.run_dir / "metrics.jsonl", run.step)  # lines the killed attempt wrote after the checkpoint
     sync(run)
     run.console.info(f"resumed from {path} at step {run.step}")
 
 
 def run_eval(run: Run, label: str) -> dict[str, float]:
     rows = eval_rows(run.cfg)
-    if not rows:
+    if not rows or not run.dist.is_main:  # held-out evaluation is rank 0's; the others go on sampling
         return {}
     out = evaluate(run.engine, run.tokenizer, rows, run.reward_fns, max_tokens=run.cfg.rollout.max_completion_length,
                    stop=tuple(run.cfg.rollout.stop), max_prompt_length=run.cfg.rollout.max_prompt_length)
@@ -356,6 +392,9 @@ def train(cfg: Config, console: Console | None = None, on_generation: Callable[[
             if batch.num_groups >= need:
                 break
         batch = run.groups.finalize(batch, need, last_part=part)
+        keep = distributed.common_count(batch.num_groups)  # ranks must take the same optimizer steps
+        if keep < batch.num_groups:
+            batch = batch.select_groups(list(range(keep)))
         with run.timer("advantage"):
             adv_N = advantage(run, batch)
         packed = pack(batch, run.tokenizer.pad_token_id, run.device)
@@ -376,11 +415,17 @@ def train(cfg: Config, console: Console | None = None, on_generation: Callable[[
         if on_generation is not None:
             on_generation(run)
     after = run_eval(run, "after") if cfg.log.eval_before_after else {}
-    final_dir = run.run_dir / "final"
-    run.model.save_pretrained(final_dir)
-    run.tokenizer.save_pretrained(final_dir)
-    run.diagnostics.close()
-    run.logger.close()
+    digests = distributed.check_in_sync(run.model, run.dist)  # one gather of a hash; raises if ranks diverged
+    if run.dist.is_main:
+        final_dir = run.run_dir / "final"
+        run.model.save_pretrained(final_dir)
+        run.tokenizer.save_pretrained(final_dir)
+        if run.dist.enabled:  # per-rank weight digests: the proof that every rank ended on these weights
+            (final_dir / "rank-digests.json").write_text(json.dumps(digests))
+        run.diagnostics.close()
+        run.logger.close()
     run.engine.close()
-    run.console.finish(before, after, run.run_dir)
+    distributed.close()
+    if run.dist.is_main:
+        run.console.finish(before, after, run.run_dir)
     return {"before": before, "after": after, "run_dir": str(run.run_dir), "step": run.step}

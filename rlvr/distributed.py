@@ -1,0 +1,187 @@
+"""Many processes through plain torch.distributed: one rank per process, launched by ``torchrun``.
+
+``torchrun --nproc_per_node=K -m rlvr.cli train ...`` sets RANK, WORLD_SIZE and LOCAL_RANK; `init`
+reads them and joins the process group (gloo on CPU, nccl on CUDA). Without them (a plain ``rlvr
+train``) nothing is initialised, every helper below is a no-op and the loop is bitwise the
+single-process one. There is no cluster layer: each rank runs the same loop on its own prompts,
+DDP averages the gradients, and the few collectives the loop needs live here, each with its cost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+
+def init() -> tuple[Dist, torch.device]:
+    """Join the process group torchrun describes (env vars), and pick this rank's device."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if world == 1:
+        return Dist(), torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)  # nccl's object collectives run on the current device
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Dist(rank, world, local_rank), device
+
+
+def close() -> None:
+    if dist.is_initialized():
+        dist.barrier()  # rank 0 may still be writing the final model: nobody leaves before it is done
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _comm_device() -> torch.device:
+    """Where a backend's tensors must live: nccl only moves CUDA tensors, gloo CPU ones."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks (a copy, on x's device; one small all-reduce). Identity in one process."""
+    if not dist.is_initialized():
+        return x
+    y = x.to(_comm_device(), copy=True)
+    dist.all_reduce(y, op=dist.ReduceOp.SUM)
+    return y.to(x.device)
+
+
+def all_gather_rows(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's tensor along dim 0 (rank order). All ranks must pass the same shape:
+    they do, since every rank keeps exactly its share of whole groups. One all-gather of x.numel()·world."""
+    if not dist.is_initialized():
+        return x
+    y = x.to(_comm_device()).contiguous()
+    parts = [torch.empty_like(y) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, y)
+    return torch.cat(parts).to(x.device)
+
+
+def gather_to_main(obj: Any) -> list[Any] | None:
+    """Every rank's object on rank 0 (rank order), None elsewhere. Pickles obj: one gather of a few
+    kB per completion, once per generation batch; cheap next to sampling them."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def wrap(model: torch.nn.Module, d: Dist, device: torch.device) -> torch.nn.Module:
+    """The module the update forwards through: DDP over `model` with several ranks, `model` itself in one.
+
+    DDP broadcasts rank 0's weights once here, then all-reduces (averages) gradients in buckets
+    during backward: one all-reduce of every trainable parameter per optimizer step (with ``no_sync``
+    on all but the last micro-batch of a gradient-accumulation window). ``broadcast_buffers=False``:
+    a causal LM's buffers (rotary frequencies) are constants, so the per-forward broadcast would
+    only cost time. The rollout engine and the no-grad log-prob passes use the unwrapped `model`.
+    """
+    if not d.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+
+
+def reduce_step_metrics(per_rank: list[list[dict[str, float]]]) -> list[dict[str, float]]:
+    """Optimizer-step metrics of every rank -> one list, each key averaged over the ranks that have it.
+    Ranks take the same optimizer steps, so the lists line up; grad_norm and learning_rate are the
+    same on every rank after DDP's all-reduce, and the mean leaves them unchanged."""
+    out = []
+    for steps in zip(*per_rank):
+        keys = dict.fromkeys(k for s in steps for k in s)
+        out.append({k: sum(s[k] for s in steps if k in s) / sum(1 for s in steps if k in s) for k in keys})
+    return out
+
+
+def reduce_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Per-rank scalars (DAPO counters, phase timings) -> one dict describing the whole generation
+    batch: DAPO's counts add up over ranks, its round count is the most any rank needed, the rest
+    (timings) is the mean over ranks."""
+    out = {}
+    for k in dict.fromkeys(k for m in per_rank for k in m):
+        vals = [m[k] for m in per_rank if k in m]
+        if k == "dapo/rounds":
+            out[k] = max(vals)
+        elif k.startswith("dapo/"):
+            out[k] = sum(vals)
+        else:
+            out[k] = sum(vals) / len(vals)
+    return out
+
+
+def sum_counts(per_rank: list[dict[str, int]]) -> dict[str, int]:
+    """Per-rank counters (reward-function errors) -> totals."""
+    out: dict[str, int] = {}
+    for m in per_rank:
+        for k, v in m.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def common_count(n: int) -> int:
+    """The smallest of every rank's n (one scalar all-reduce). Ranks must run the same number of
+    micro-batches and optimizer steps or DDP's all-reduces would pair up wrongly and hang, so a rank
+    whose DAPO refill came up short makes the others cut their batch to the same number of groups."""
+    if not dist.is_initialized():
+        return n
+    t = torch.tensor([n], dtype=torch.long, device=_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+def no_sync(module: torch.nn.Module, sync: bool) -> Any:
+    """DDP's ``no_sync()`` unless this backward must all-reduce: gradients of the first GA-1
+    micro-batches accumulate locally and are averaged once, with the last one's."""
+    if sync or not hasattr(module, "no_sync"):
+        return contextlib.nullcontext()
+    return module.no_sync()
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 over every parameter's name and bytes: equal digests = bitwise equal weights."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def check_in_sync(model: torch.nn.Module, d: Dist) -> list[str] | None:
+    """Every rank's weights digest on rank 0 (None elsewhere); raises there if the ranks diverged,
+    which DDP should make impossible (it would mean a rank skipped an all-reduce)."""
+    digests = gather_to_main(weights_digest(model))
+    if digests is not None and len(set(digests)) > 1:
+        raise RuntimeError(f"the {d.world} processes ended with different weights (digests {digests}); "
+                           "DDP keeps them equal, so a rank ran a different number of optimizer steps.")
+    return digests
