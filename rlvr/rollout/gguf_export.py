@@ -9,14 +9,16 @@ Scope, kept small on purpose: ``LlamaForCausalLM`` only, every tensor in float32
 the point is a sampler whose log-probs match the trainer's), and tokenizers whose ``tokenizer.json``
 is a BPE model that llama.cpp's ``gpt2`` tokenizer reproduces:
 
-- byte-level BPE (GPT-2 style, ``ByteLevel`` pre-tokenizer/decoder): tokens and merges copied as-is;
-- character-level BPE with no merges (the shipped ``tiny-arith`` model): every token is rewritten in
-  GPT-2's byte-to-unicode alphabet (``" "`` becomes ``"Ġ"``, ``"\\n"`` becomes ``"Ċ"``), which is how
+- byte-level BPE with GPT-2's ``ByteLevel`` pre-tokenizer (its regex, no prefix space), which
+  llama.cpp's ``gpt-2`` pre-tokenizer reproduces: tokens and merges copied as-is;
+- character-level BPE with no merges and no pre-tokenizer (the shipped ``tiny-arith`` model):
+  every token is rewritten in GPT-2's byte-to-unicode alphabet (``" "`` becomes ``"Ġ"``, ``"\\n"`` becomes ``"Ċ"``), which is how
   llama.cpp's ``gpt2`` tokenizer spells bytes. With no merges both tokenizers map each character of
   in-vocabulary text to its own token, and llama.cpp decodes the pieces back to the same text.
 
-Anything else is a clear error rather than a GGUF whose tokenizer silently differs. The ``openai``
-engine sends token ids, so the server-side tokenizer only renders completion text.
+Anything else is a clear error rather than a GGUF whose tokenizer silently differs. It matters:
+llama-cpp-python's server takes prompts as text only, so the ``openai`` engine sends decoded prompts
+and the server's tokenizer must give back the policy's ids (the engine checks the count per prompt).
 
 Layout: tensor names come from ``gguf``'s own Hugging Face → GGUF name map. The q and k projections
 are permuted per head from Hugging Face's rotate-half RoPE layout (dimension i paired with i + D/2)
@@ -63,16 +65,18 @@ def _byte_level(text: str) -> str:
     return "".join(table[b] for b in text.encode("utf-8"))
 
 
-def _is_byte_level(tok_json: dict) -> bool:
-    def types(node) -> set[str]:
-        if not node:
-            return set()
-        inner = node.get("pretokenizers") or node.get("decoders") or []
-        return {node.get("type")} | {t for n in inner for t in types(n)}
-
-    return "ByteLevel" in types(tok_json.get("pre_tokenizer")) | types(
-        tok_json.get("decoder")
+def _pre_tokenizer_kind(tok_json: dict) -> str:
+    """ "gpt2" for GPT-2's byte-level pre-tokenizer (its regex, no prefix space), which llama.cpp's
+    ``gpt-2`` pre-tokenizer reproduces; "none" for no pre-tokenizer; "other" for anything else."""
+    pre = tok_json.get("pre_tokenizer")
+    if pre is None:
+        return "none"
+    gpt2 = (
+        pre.get("type") == "ByteLevel"
+        and pre.get("use_regex", True)
+        and not pre.get("add_prefix_space")
     )
+    return "gpt2" if gpt2 else "other"
 
 
 def gguf_vocab(
@@ -88,7 +92,14 @@ def gguf_vocab(
             "normalizer (byte-level, or character-level with no merges) are exported. Convert other "
             "tokenizers with llama.cpp's convert_hf_to_gguf.py."
         )
-    byte_level = _is_byte_level(tok_json)
+    kind = _pre_tokenizer_kind(tok_json)
+    if kind == "other":
+        raise ValueError(
+            f"gguf_export: {model_dir}/tokenizer.json pre-tokenizes with {tok_json['pre_tokenizer']}; only GPT-2's "
+            "ByteLevel pre-tokenizer (use_regex=True, add_prefix_space=False) or none is exported, because "
+            "llama.cpp's gpt-2 pre-tokenizer must split text the same way. Use convert_hf_to_gguf.py."
+        )
+    byte_level = kind == "gpt2"
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
     if not byte_level and merges:
         raise ValueError(
@@ -178,7 +189,7 @@ def export_llama_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
     writer.add_rope_freq_base(float(rope_theta))
     writer.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-6)))
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
+    writer.add_tokenizer_pre("gpt-2")  # GPT-2's regex, as HF's ByteLevel
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     # llama.cpp refuses a gpt2 vocab without a merges key and gguf refuses an empty array, so a

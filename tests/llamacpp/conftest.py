@@ -50,3 +50,65 @@ def llama_server(shipped_gguf, tmp_path):
     server = LlamaCppServer(gguf, tmp_path)
     yield server
     server.close()
+
+
+def build_byte_level_llama(path: Path) -> Path:
+    """A random Llama (grouped-query attention: 4 query heads over 2 KV heads, untied head) with an
+    ASCII byte-level BPE tokenizer trained here on arithmetic text: the exporter's other tokenizer path."""
+    import torch
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    # ASCII only: every token is then valid UTF-8 on its own. A random model strings byte tokens into
+    # invalid UTF-8, which llama-cpp-python's text drops (it returns no token ids), so only the
+    # ASCII part of the byte-level path is comparable token for token.
+    trainer = trainers.BpeTrainer(
+        vocab_size=160, special_tokens=["<pad>", "<s>", "</s>"]
+    )
+    corpus = [f"{a} + {b} = {a + b}. Sum {a * b}" for a in range(40) for b in range(40)]
+    core.train_from_iterator(corpus, trainer)
+    core.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", 1)]
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
+    )
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        # A wider init than the default 0.02 makes the random model's argmax margins far larger than
+        # float32 rounding, so greedy equality cannot hinge on a near-tie.
+        initializer_range=0.2, pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def byte_level_dir(tmp_path_factory) -> Path:
+    return build_byte_level_llama(tmp_path_factory.mktemp("byte-level-llama"))
+
+
+@pytest.fixture
+def byte_level_server(byte_level_dir, tmp_path):
+    pytest.importorskip("gguf")
+    pytest.importorskip("llama_cpp")
+    from rlvr.rollout.gguf_export import export_llama_gguf
+
+    server = LlamaCppServer(
+        export_llama_gguf(byte_level_dir, tmp_path / "byte-level.gguf"), tmp_path
+    )
+    yield server
+    server.close()

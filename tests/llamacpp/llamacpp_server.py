@@ -89,28 +89,34 @@ def start(gguf: Path, port: int, log: Path) -> int:
     )
 
 
+def _exited(pid: int) -> bool:
+    """True once ``pid`` is gone or a zombie (a server started by a previous restart command is not
+    our child, so it cannot be reaped here; /proc says whether it still runs)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)  # our child: reap it
+        return done == pid
+    except ChildProcessError:
+        try:
+            return (
+                Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                == "Z"
+            )
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+
+
 def stop(pid: int, timeout_s: float = 10.0) -> None:
     """SIGTERM the server started by ``start`` (and its session), SIGKILL after ``timeout_s``."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
-            os.killpg(
-                pid, sig
-            )  # start_new_session made the server its own process-group leader
+            # start_new_session made the server its own process-group leader.
+            os.killpg(pid, sig)
         except ProcessLookupError:
             return
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)  # reap it when it is our child
-                if done == pid:
-                    return
-            except (
-                ChildProcessError
-            ):  # started by another process (a restart): poll for it instead
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    return
+            if _exited(pid):
+                return
             time.sleep(0.05)
 
 
