@@ -113,6 +113,19 @@ def test_engine_greedy_and_logprobs_match_hf(llama_server, hf_model_and_tok):
         c.finish_reason == "stop" for c in served
     )  # the shipped model answers and stops
 
+    # Stop strings: the server cuts its text before the stop string, but its pieces still hold the
+    # stop tokens, so the engine cuts ids and text after it, as every engine does.
+    stopped = SamplingParams(temperature=0.0, max_tokens=8, stop=("7", "8"))
+    served = engine.generate(prompt_ids, 1, stopped)
+    reference = make_engine("hf", model, tok).generate(prompt_ids, 1, stopped)
+    assert [c.token_ids for c in served] == [
+        [t for t in c.token_ids if t != eos] for c in reference
+    ]
+    assert [c.text for c in served] == [c.text for c in reference]
+    assert any(c.text.endswith(("7", "8")) for c in served) and all(
+        c.logprobs is not None for c in served
+    )
+
     G = 4
     sampling = SamplingParams(temperature=1.0, max_tokens=8, seed=11)
     out = engine.generate(prompt_ids, G, sampling)
