@@ -171,8 +171,6 @@ class OpenAICompletionsEngine:
 
     # -- sampling -------------------------------------------------------------------------------
     def _payload(self, prompt: list[int], n: int, sampling: SamplingParams) -> dict:
-        if self.dialect == "llama-cpp-python":
-            return self._llama_cpp_python_payload(prompt, sampling)
         payload = {
             "model": self.model_name,
             "prompt": prompt,
@@ -300,10 +298,10 @@ class OpenAICompletionsEngine:
         self, prompt: list[int], sampling: SamplingParams, i: int
     ) -> dict:
         payload = self._llama_cpp_python_payload(prompt, sampling)
-        if sampling.seed is not None:
-            payload["seed"] = (
-                sampling.seed + i
-            )  # one request per sample: distinct, reproducible seeds
+        if (
+            sampling.seed is not None
+        ):  # one request per sample: distinct, reproducible seeds
+            payload["seed"] = sampling.seed + i
         resp = self._request("/v1/completions", payload)
         served = (resp.get("usage") or {}).get("prompt_tokens")
         if served is not None and served != len(prompt):

@@ -303,3 +303,13 @@ def test_reload_every_restarts_llamacpp_on_the_live_policy(
         [m["mismatch/abs_logp_diff_mean"] for m in lines],
     )
     assert all(m["mismatch/abs_logp_diff_mean"] < 1e-4 for m in lines)
+
+
+def test_unknown_dialect_is_a_clear_error(hf_model_and_tok):
+    model, tok = hf_model_and_tok
+    with pytest.raises(
+        ValueError, match="unknown dialect 'llama.cpp'; valid: openai, llama-cpp-python"
+    ):
+        make_engine(
+            "openai", model, tok, base_url="http://127.0.0.1:9", dialect="llama.cpp"
+        )
