@@ -169,17 +169,21 @@ def no_sync(module: torch.nn.Module, sync: bool) -> Any:
 
 
 def weights_digest(model: torch.nn.Module) -> str:
-    """sha256 over every parameter's name and bytes: equal digests = bitwise equal weights."""
+    """sha256 over every parameter's name and raw bytes: equal digests = bitwise equal weights. Reads
+    every parameter once (about a second per GB)."""
     h = hashlib.sha256()
     for name, p in sorted(model.named_parameters()):
         h.update(name.encode())
-        h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
 def check_in_sync(model: torch.nn.Module, d: Dist) -> list[str] | None:
     """Every rank's weights digest on rank 0 (None elsewhere); raises there if the ranks diverged,
-    which DDP should make impossible (it would mean a rank skipped an all-reduce)."""
+    which DDP should make impossible (it would mean a rank skipped an all-reduce). Nothing to check,
+    and nothing computed, in one process."""
+    if not d.enabled:
+        return None
     digests = gather_to_main(weights_digest(model))
     if digests is not None and len(set(digests)) > 1:
         raise RuntimeError(f"the {d.world} processes ended with different weights (digests {digests}); "
