@@ -81,6 +81,7 @@ def rollout(run: Run, num_prompts: int) -> Rollouts:
     rows = run.groups.draw(run.stream, num_prompts)
     prompt_ids = encode_prompts(run.tokenizer, [r["prompt"] for r in rows], cfg.rollout.max_prompt_length)
     r = cfg.rollout
+    # Each rank its own sampling stream (rank 0 keeps the one-process seeds): resumable, never shared.
     sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
                               repetition_penalty=r.repetition_penalty, max_tokens=r.max_completion_length,
                               stop=tuple(r.stop),
