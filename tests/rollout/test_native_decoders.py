@@ -171,3 +171,40 @@ def test_rows_finishing_at_different_steps_are_compacted_correctly(fast_path):
         assert (c.finish_reason == "stop") == (c.token_ids[-1] in eos)
         expected = trainer_logp(model, prompts[c.prompt_index], c.token_ids, 1.0)
         assert c.logprobs == pytest.approx(expected, abs=2e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_decode_across_key_bucket_boundaries_equals_hf_forward(arch):
+    """Decode attention runs over the key prefix rounded up to a multiple of ``KEY_BUCKET``; the
+    padded slots are zero and masked. 40 steps after a 6-token (left-padded to 8) prompt take the
+    key length through 32 (the first bucket) into the second, with rows compacted half-way: the
+    logits must still be the Hugging Face forward's for every row at every checked step."""
+    from rlvr.rollout.native import KEY_BUCKET
+
+    model, tok = tiny_model(arch, seed=5)
+    model.eval()
+    prompts = [tok.encode("37+45="), tok.encode("8*9=")]
+    P, n, steps = 8, 2, 40
+    assert P + steps > KEY_BUCKET  # the test really crosses a bucket boundary
+    ids_BP = torch.full((2, P), tok.pad_token_id)
+    mask_BP = torch.zeros(2, P, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids_BP[b, P - len(p) :], mask_BP[b, P - len(p) :] = torch.tensor(p), 1
+    dec = LlamaFamilyDecoder(model)
+    g = torch.Generator().manual_seed(1)
+    rows = [list(p) for p in prompts for _ in range(n)]
+    with torch.inference_mode():
+        dec.prefill(ids_BP, mask_BP, n, steps)
+        for step in range(steps):
+            if step == 20:
+                keep = torch.tensor([1, 2])  # one row of each prompt survives
+                dec.select(keep)
+                rows = [rows[i] for i in keep.tolist()]
+            token_M = torch.randint(3, len(tok), (len(rows),), generator=g)
+            for r, t in zip(rows, token_M.tolist()):
+                r.append(t)
+            logits_MV = dec.decode(token_M)
+            if step in (KEY_BUCKET - P - 2, KEY_BUCKET - P, steps - 1):
+                torch.testing.assert_close(
+                    logits_MV, reference_last_logits(model, rows), atol=1e-5, rtol=1e-5
+                )
