@@ -1,8 +1,9 @@
-"""Many processes: ``torchrun --nproc_per_node=2 -m rlvr.cli train`` on CPU with gloo.
+"""Many processes: ``torchrun --nproc_per_node=2 -m rlvr.cli train`` on CPU with gloo (and, marked
+gpu, with nccl where there are 2 GPUs).
 
-Each run launches torchrun as a subprocess (OMP_NUM_THREADS=1, bounded timeout) on the tiny random
-Llama of conftest.py; the equivalence test also trains one process in-process for comparison, and
-runs its 2 ranks through this file's ``__main__`` (the CLI with per-prompt seeded sampling).
+Each run launches torchrun as a subprocess (OMP_NUM_THREADS=1, CUDA hidden, bounded timeout) on the
+tiny random Llama of conftest.py; the equivalence test runs both layouts through this file's
+``__main__`` (the CLI with per-prompt seeded sampling).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from test_smoke import read_jsonl, smoke_overrides
 from rlvr.config import load_config
 from rlvr.data import PromptStream
 from rlvr.distributed import weights_digest
-from rlvr.train import train
 
 HERE = Path(__file__).parent
 REWARD = ["rewards=[{name: 'smoke_rewards:length_bonus'}]"]
@@ -53,13 +53,16 @@ def seed_per_prompt() -> None:
     HFEngine.generate = per_prompt
 
 
-def torchrun(args: list[str], nproc: int = 2, seeded_per_prompt: bool = False, **popen) -> subprocess.Popen:
-    # One intra-op thread per rank (2 ranks on 2 cores); tests/train on the path for the reward modules.
+def torchrun(args: list[str], nproc: int = 2, seeded_per_prompt: bool = False, cuda: bool = False) -> subprocess.Popen:
+    # One intra-op thread per rank (2 ranks on 2 cores); tests/train on the path for the reward modules;
+    # CUDA hidden unless asked for, so these are gloo tests on any machine.
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE), os.getcwd()])}
+    if not cuda:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     entry = [__file__] if seeded_per_prompt else ["-m", "rlvr.cli"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            *entry, "train", *args]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 240) -> str:
@@ -129,8 +132,7 @@ def test_two_ranks_train_log_once_and_end_with_identical_weights(tiny_model_dir,
     assert final != weights_digest(AutoModelForCausalLM.from_pretrained(tiny_model_dir))  # it trained
 
 
-def test_one_step_of_two_ranks_equals_one_process_with_both_batches(tiny_model_dir, sum_dataset, tmp_path,
-                                                                     monkeypatch):
+def test_one_step_of_two_ranks_equals_one_process_with_both_batches(tiny_model_dir, sum_dataset, tmp_path):
     """ONE optimizer step of 2 ranks x 4 prompts = 1 process with the same 8 prompts, to ~1e-6.
 
     What it checks is the aggregation across ranks: the dapo normaliser (active tokens summed over
@@ -152,15 +154,13 @@ def test_one_step_of_two_ranks_equals_one_process_with_both_batches(tiny_model_d
               "train.weight_decay=0.0", "train.max_grad_norm=1e9", "data.shuffle=false", "log.save_steps=100"]
     two, one = tmp_path / "two", tmp_path / "one"
     # Per rank: 2 micro-batches of 8 = 16 completions = 4 prompts; one process: 2 of 16 = 8 prompts.
-    proc = torchrun(smoke_overrides(tiny_model_dir, sum_dataset, two, *common, "train.per_device_train_batch_size=8"),
-                    seeded_per_prompt=True)
-    from rlvr.rollout.hf import HFEngine
-
-    monkeypatch.setattr(HFEngine, "generate", HFEngine.generate)  # undone after the test
-    seed_per_prompt()
-    train(load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, one, *common,
-                                            "train.per_device_train_batch_size=16")))
-    finish(proc)
+    # Both at once, each through torchrun (1 process = WORLD_SIZE 1: the plain one-process loop).
+    procs = [torchrun(smoke_overrides(tiny_model_dir, sum_dataset, two, *common, "train.per_device_train_batch_size=8"),
+                      seeded_per_prompt=True),
+             torchrun(smoke_overrides(tiny_model_dir, sum_dataset, one, *common,
+                                      "train.per_device_train_batch_size=16"), nproc=1, seeded_per_prompt=True)]
+    for proc in procs:
+        finish(proc)
 
     def rollouts(out: Path) -> Counter:
         with gzip.open(out / "rollouts.jsonl.gz", "rt") as f:
@@ -203,6 +203,17 @@ def test_killed_two_rank_run_resumes_to_the_same_weights(tiny_model_dir, two_ran
     diff = {k: (ref[k] - got[k]).abs().max().item() for k in ref if not torch.equal(ref[k], got[k])}
     assert not diff, f"resumed weights differ from the uninterrupted 2-rank run: {diff}"
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices (nccl, one rank per GPU)")
+def test_two_ranks_on_two_gpus_with_nccl(tiny_model_dir, sum_dataset, tmp_path):
+    out = tmp_path / "nccl"
+    finish(torchrun(ddp_args(tiny_model_dir, sum_dataset, out, "train.max_steps=2"), cuda=True))
+    header = json.loads((out / "header.json").read_text())
+    assert header["num_processes"] == 2 and header["device"].startswith("cuda")
+    digests = json.loads((out / "final" / "rank-digests.json").read_text())
+    assert len(digests) == 2 and digests[0] == digests[1]
 
 
 def test_ranks_draw_disjoint_shards_of_the_same_stream(sum_dataset, tmp_path):
