@@ -131,8 +131,15 @@ def _residual_linear(module):
 
 
 def _rms_norm(module, dtype: torch.dtype):
-    """Fused ``F.rms_norm`` where it is bit-identical to transformers' RMSNorm (float32 activations,
-    plain ``weight * x / rms``); the module itself otherwise (bf16 casts, Gemma's 1 + w, ...)."""
+    """transformers' RMSNorm, ``weight · x · rsqrt(mean(x²) + eps)``, in five kernels where that is
+    what the module computes (float32 activations, a plain Llama/Qwen norm); the module itself
+    otherwise (bf16 casts, Gemma's 1 + w, ...).
+
+    Why not ``F.rms_norm``: on CPU it is a composite of ~8 kernels (dtype round trips, pow, mean,
+    add, rsqrt, two muls), and a decode step runs 2·layers + 1 of them. Here mean(x²) comes from
+    one ``vector_norm`` (‖x‖²/E), then ``addcmul`` + ``rsqrt_`` and two muls; measured 14 µs vs
+    25 µs for the tiny model's [64, 96]. The result differs from transformers' by float rounding
+    (≤ 5e-7 absolute measured there), inside the tests' logits tolerance."""
     weight, eps = (
         getattr(module, "weight", None),
         getattr(module, "variance_epsilon", None),
@@ -143,8 +150,14 @@ def _rms_norm(module, dtype: torch.dtype):
         and weight is not None
         and eps is not None
     ):
-        shape = (weight.shape[-1],)
-        return lambda x: F.rms_norm(x, shape, weight, eps)
+        inv_dim = 1.0 / weight.shape[-1]
+        eps_t = torch.tensor(eps, dtype=weight.dtype, device=weight.device)
+
+        def rms_norm(x):
+            norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+            return x * torch.addcmul(eps_t, norm, norm, value=inv_dim).rsqrt_() * weight
+
+        return rms_norm
     return module
 
 
