@@ -41,12 +41,19 @@ def init() -> tuple[Dist, torch.device]:
     if world == 1:
         return Dist(), torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(
+                f"process {rank} has local rank {local_rank} but this node has {torch.cuda.device_count()} GPUs: "
+                "rlvr runs one process per GPU. Launch with torchrun --nproc_per_node at most the GPU count, or "
+                "hide the GPUs (CUDA_VISIBLE_DEVICES='') to run CPU processes with gloo.")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)  # nccl's object collectives run on the current device
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        # device_id binds nccl's communicator to this rank's GPU (barriers then need no guess).
+        cuda = device.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     return Dist(rank, world, local_rank), device
 
 
