@@ -208,3 +208,30 @@ def test_decode_across_key_bucket_boundaries_equals_hf_forward(arch):
                 torch.testing.assert_close(
                     logits_MV, reference_last_logits(model, rows), atol=1e-5, rtol=1e-5
                 )
+
+
+def test_unfused_projections_equal_hf_forward(monkeypatch):
+    """Off CPU the fast decoder calls q/k/v and gate/up one by one instead of through a
+    concatenated weight copy; that path (forced here on CPU) must give the same logits."""
+    import rlvr.rollout.native as native
+
+    monkeypatch.setattr(native, "_fused_linear", lambda modules: None)
+    model, tok = tiny_model("qwen2", seed=6)  # q/k/v biases, GQA
+    model.eval()
+    prompts = [tok.encode("12+30="), tok.encode("7*6=")]
+    P = 6
+    ids_BP = torch.full((2, P), tok.pad_token_id)
+    mask_BP = torch.zeros(2, P, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids_BP[b, P - len(p) :], mask_BP[b, P - len(p) :] = torch.tensor(p), 1
+    dec = LlamaFamilyDecoder(model)
+    with torch.inference_mode():
+        logits_BV = dec.prefill(ids_BP, mask_BP, 1, 3)
+        torch.testing.assert_close(
+            logits_BV, reference_last_logits(model, prompts), atol=1e-5, rtol=1e-5
+        )
+        token_M = torch.tensor([5, 9])
+        rows = [p + [t] for p, t in zip(prompts, token_M.tolist())]
+        torch.testing.assert_close(
+            dec.decode(token_M), reference_last_logits(model, rows), atol=1e-5, rtol=1e-5
+        )
