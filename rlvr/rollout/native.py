@@ -17,10 +17,11 @@ What it does differently from ``transformers.generate`` with ``num_return_sequen
 Two decoders behind the loop:
 
 - ``LlamaFamilyDecoder`` — Llama, Qwen2, Qwen3 (and their PEFT-wrapped forms): runs the model's own
-  live parameters (``F.linear`` / ``F.rms_norm`` on plain layers, the module itself for LoRA or other
-  wrapped layers, the model's rotary module for the RoPE table; nothing copied) around a
-  preallocated cache, with grouped-query attention as one SDPA call per layer. Tested for logits
-  equality with the Hugging Face forward.
+  live parameters (``F.linear`` on plain layers, the module itself for LoRA or other wrapped
+  layers, the model's rotary module for the RoPE table) around a preallocated cache. On CPU the
+  plain q/k/v and gate/up weights are concatenated once per ``generate`` call (the policy cannot
+  change during one) so each is one matmul; decode attention is baddbmm / softmax / bmm over a
+  bucketed key prefix. Tested for logits equality with the Hugging Face forward.
 - ``HFCacheDecoder`` — any causal LM, through the model's own forward and Cache API
   (``batch_repeat_interleave`` to share the prompt, ``batch_select_indices`` to drop rows).
 """
