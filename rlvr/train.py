@@ -205,10 +205,12 @@ def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, old_NT: torch.Ten
                 metrics["loss"] = loss.detach()
                 if packed.sampler_logp_NT is not None:  # honest log-probs: sampler vs trainer, every step
                     metrics.update(logprob_mismatch_metrics(packed.sampler_logp_NT[s], logp_NT.detach(), mask_NT[s]))
-                for k, v in metrics.items():  # one host sync per micro-batch, after backward
+                # One host sync per micro-batch, after backward: every metric in one stacked copy.
+                values = torch.stack([v.detach().float().reshape(()) for v in metrics.values()]).tolist()
+                for k, v in zip(metrics, values):
                     # The loss is already scaled for accumulation (its GA parts add up); others are averaged.
                     scale = 1.0 if k == "loss" else 1.0 / t.gradient_accumulation_steps
-                    sums[k] = sums.get(k, 0.0) + float(v) * scale
+                    sums[k] = sums.get(k, 0.0) + v * scale
             sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(run.model.parameters(), t.max_grad_norm))
             sums["learning_rate"] = run.scheduler.get_last_lr()[0]
             run.optimizer.step()
