@@ -31,8 +31,11 @@ from rlvr.config import DapoConfig
 
 
 def group_outcomes(batch: Rollouts, weights_K: torch.Tensor | None = None) -> list[str]:
-    """'all_pass' | 'all_fail' | 'mixed' per group. Verdicts decide when a checker gave them;
-    otherwise zero spread of the weighted reward decides (all_pass when that shared reward is > 0)."""
+    """'all_pass' | 'all_fail' | 'mixed' per group, as dynamic sampling needs it: 'mixed' means the
+    weighted reward has spread (some advantage is non-zero), whatever the verdicts say; a zero-spread
+    group is all_pass / all_fail by its verdicts, or by the sign of its shared reward without them.
+    (diagnostics' `group_outcome` classifies by verdicts first: it answers "was it solved", not
+    "does it carry gradient".)"""
     g, out = batch.group_size, []
     rewards_NK = batch.rewards_NK
     if weights_K is None:
@@ -58,7 +61,6 @@ class GroupFilter:
         self.history: dict[str, list[str]] = defaultdict(list)  # prompt_id -> recent outcomes
         self.draws = 0  # for the re-probe coin, seeded per draw: resumable without RNG state
         self.warned_short = False
-        self._last_outcomes: list[str] = []
         self._m: dict[str, float] = defaultdict(float)
 
     # -------------------------------------------------------------- drawing prompts
@@ -106,7 +108,6 @@ class GroupFilter:
             self._m["dapo/groups_kept"] += part.num_groups
             return part
         keep_B = [b for b, o in enumerate(outcomes) if o == "mixed"]
-        self._last_outcomes = [o for o in outcomes if o != "mixed"]
         g = self.group_size
         for b, o in enumerate(outcomes):
             if o != "mixed":
@@ -123,7 +124,7 @@ class GroupFilter:
             print(f"[rlvr] dynamic sampling: no group had reward spread in {self.cfg.max_generation_rounds} "
                   "rounds; this step trains on zero-advantage groups (nothing to learn from this data now).")
             self._m["dapo/fallback_steps"] += 1
-            for o in self._last_outcomes:  # counted as dropped by keep(); they are trained on after all
+            for o in group_outcomes(last_part, self.weights_K):  # keep() counted them dropped: undo
                 self._m[f"dapo/dropped_{o}"] -= 1
             self._m["dapo/dropped_tokens"] -= sum(len(c.token_ids) for c in last_part.completions)
             self._m["dapo/groups_kept"] += last_part.num_groups
