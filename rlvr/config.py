@@ -470,23 +470,25 @@ def dump_config(cfg: Config) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
+def _option_sections(model: type[BaseModel] | None = None, prefix: str = "") -> list[tuple[str, list[tuple[str, Any, str]]]]:
+    """[(section, [(dotted key, default, description)])], a section's own options before its subsections;
+    what `rlvr train --help` and docs/config.md are both made from."""
+    model = model or Config
+    own, subs = [], []
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            subs.extend(_option_sections(ann, f"{prefix}{name}."))
+        else:
+            own.append((f"{prefix}{name}", f.get_default(call_default_factory=True), f.description or ""))
+    title = f"`{prefix[:-1]}`" if prefix else "top level"
+    return ([(title, own)] if own else []) + subs
+
+
 def describe_options() -> str:
-    """Every option with its default and documentation, for `rlvr train --help` and docs/config.md."""
-    lines = []
-
-    def walk(model: type[BaseModel], prefix: str) -> None:
-        for name, f in model.model_fields.items():
-            ann = f.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                walk(ann, f"{prefix}{name}.")
-                continue
-            default = f.get_default(call_default_factory=True)
-            if isinstance(default, BaseModel):
-                continue
-            lines.append(f"{prefix}{name} = {default!r}\n    {f.description or ''}")
-
-    walk(Config, "")
-    return "\n".join(lines)
+    """Every option with its default and documentation, for `rlvr train --help`."""
+    return "\n".join(f"{key} = {default!r}\n    {desc}"
+                     for _, options in _option_sections() for key, default, desc in options)
 
 
 def config_markdown() -> str:
@@ -496,22 +498,12 @@ def config_markdown() -> str:
            "Set any option in a YAML file or on the command line (`rlvr train [CONFIG.yaml] section.key=value`);",
            "TRL's flat names (`loss_type=gspo`) are routed to their section.", ""]
 
-    def walk(model: type[BaseModel], prefix: str, title: str) -> None:
-        rows, subs = [], []
-        for name, f in model.model_fields.items():
-            ann = f.annotation
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                subs.append((ann, f"{prefix}{name}.", f"`{prefix}{name}`"))
-                continue
-            default = f.get_default(call_default_factory=True)
-            desc = (f.description or "").replace("|", "\\|")
-            rows.append(f"| `{prefix}{name}` | `{default!r}` | {desc} |")
-        if rows:
-            out.extend([f"## {title}", "", "| key | default | meaning |", "| --- | --- | --- |", *rows, ""])
-        for sub, p, t in subs:
-            walk(sub, p, t)
-
-    walk(Config, "", "top level")
+    for title, options in _option_sections():
+        out.extend([f"## {title}", "", "| key | default | meaning |", "| --- | --- | --- |"])
+        for key, default, desc in options:
+            cell = desc.replace("|", "\\|")  # a pipe would end the table cell
+            out.append(f"| `{key}` | `{default!r}` | {cell} |")
+        out.append("")
     return "\n".join(out)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +19,16 @@ class Console:
         self.rich = RichConsole(stderr=False, highlight=False)
         self._progress: Progress | None = None
         self._task = None
-        self._warned: set[str] = set()
+        self._warned: Counter[str] = Counter()
 
     def info(self, msg: str) -> None:
         self.rich.print(f"[bold cyan]rlvr[/] {msg}", markup=True)
 
     def warn(self, msg: str) -> None:
         key = msg.split(";")[0][:120]  # the same warning every step is noise: show each kind at most 3 times
-        count = sum(1 for k in self._warned if k.startswith(key))
-        if count >= 3:
-            return
-        self._warned.add(f"{key}#{count}")
-        self.rich.print("[bold yellow]warning[/]", msg)
+        self._warned[key] += 1
+        if self._warned[key] <= 3:
+            self.rich.print("[bold yellow]warning[/]", msg)
 
     def raw(self, msg: str) -> None:
         """A line that is already formatted (diagnostics' warnings), shown in yellow."""
