@@ -178,16 +178,7 @@ def trl_generate_and_score(
         reward_weights=weights,
         reward_func_names=[f"r{k}" for k in range(K)],
         reward_funcs=[None] * K,
-        _logs={
-            "prompt": [],
-            "completion": [],
-            "rewards": defaultdict(list),
-            "advantages": [],
-            "extra": defaultdict(list),
-        },
-        _pending_extra_logs=defaultdict(list),
-        _pending_metrics=defaultdict(list),
-        log_multimodal=False,
+        **_log_buffers(),
     )
     completion_ids = [[1] * length for length in lengths]
     prompt_ids = [[1] for _ in range(N)]
@@ -197,6 +188,17 @@ def trl_generate_and_score(
     with _no_distributed_gather():
         out = trainer._generate_and_score_completions([{"prompt": "p"} for _ in range(N)])
     return out, dict(trainer._metrics["train"])
+
+
+def _log_buffers() -> dict:
+    """The logging attributes TRL's scoring methods append to (GRPO and RLOO share them)."""
+    return dict(
+        _logs={"prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
+               "extra": defaultdict(list)},
+        _pending_extra_logs=defaultdict(list),
+        _pending_metrics=defaultdict(list),
+        log_multimodal=False,
+    )
 
 
 def trl_advantages(rewards_NK: torch.Tensor, group_size: int, **kwargs) -> torch.Tensor:
@@ -226,16 +228,7 @@ def trl_rloo_advantages(rewards_NK: torch.Tensor, group_size: int, normalize_adv
         normalize_advantages=normalize_advantages,
         reward_func_names=[f"r{k}" for k in range(K)],
         reward_funcs=[None] * K,
-        _logs={
-            "prompt": [],
-            "completion": [],
-            "rewards": defaultdict(list),
-            "advantages": [],
-            "extra": defaultdict(list),
-        },
-        _pending_extra_logs=defaultdict(list),
-        _pending_metrics=defaultdict(list),
-        log_multimodal=False,
+        **_log_buffers(),
     )
     for name, value in attrs.items():
         setattr(trainer, name, value)
