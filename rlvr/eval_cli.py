@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from rlvr.config import Config, load_config
-from rlvr.scoring import RewardFn, load_reward_functions
+from rlvr.scoring import RewardFn, load_reward_functions, reward_specs
 
 
 @dataclass
@@ -26,12 +25,9 @@ class EvalSetup:
 
 def resolve_eval(model: str, task: str | None, data: str | None, reward: str | None, n_prompts: int,
                  max_tokens: int | None, backend: str) -> EvalSetup:
-    from transformers import AutoModelForCausalLM
-
-    from rlvr.components import load_tokenizer, resolve_model_path
+    from rlvr.components import load_model, load_tokenizer, resolve_model_path
     from rlvr.data import eval_rows
     from rlvr.rollout import make_engine
-    from rlvr.tasks import get_task
 
     run_cfg: Config | None = None
     p = Path(model)
@@ -42,7 +38,7 @@ def resolve_eval(model: str, task: str | None, data: str | None, reward: str | N
         model_path = str(p / "final")
     else:
         model_path = resolve_model_path(model)
-    overrides = [f"data.eval_size={n_prompts}"]
+    overrides = [f"data.eval_size={n_prompts}", f"model.path={model_path}"]
     if data is not None:
         overrides += [f"data.path={data}", f"data.eval_path={data}"]
         if reward is None and (run_cfg is None or not run_cfg.rewards):
@@ -51,19 +47,17 @@ def resolve_eval(model: str, task: str | None, data: str | None, reward: str | N
         overrides += [f"data.task={task}", "data.path=null", "data.eval_path=null"]
     if reward is not None:
         overrides += [f"rewards=[{{name: {reward}}}]"]
-    base = yaml.safe_load(yaml.safe_dump(run_cfg.model_dump(mode="json"))) if run_cfg else None
-    cfg = _with_overrides(base, overrides)
+    cfg = _with_overrides(run_cfg.model_dump(mode="json") if run_cfg else None, overrides)
     rows = eval_rows(cfg)
     if not rows:
         raise ValueError("nothing to evaluate: give --task or --data with held-out prompts")
-    specs = [(s.name, s.weight, s.options) for s in cfg.rewards] or \
-        [(n, w, {}) for n, w in get_task(cfg.data.task, **cfg.data.task_options).default_rewards]
     tokenizer = load_tokenizer(model_path)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    net = AutoModelForCausalLM.from_pretrained(model_path).to(device).eval()
+    net = load_model(cfg, device, trainable=False)  # the run's dtype, eval mode, no gradients
     engine = make_engine(backend, net, tokenizer)
     mt = max_tokens or cfg.rollout.max_completion_length
-    return EvalSetup(model_path, engine, tokenizer, rows, load_reward_functions(specs), mt, tuple(cfg.rollout.stop))
+    return EvalSetup(model_path, engine, tokenizer, rows, load_reward_functions(reward_specs(cfg)), mt,
+                     tuple(cfg.rollout.stop))
 
 
 def _with_overrides(base: dict | None, overrides: list[str]) -> Config:

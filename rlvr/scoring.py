@@ -73,6 +73,18 @@ def _import_dotted(path: str) -> Callable:
     return fn
 
 
+def reward_specs(cfg) -> list[tuple[str, float, dict[str, Any]]]:
+    """The run's (name, weight, options): `rewards:` from the config, else the built-in task's defaults.
+    The overlong penalty is about the generation limit, so it defaults to the rollout's own."""
+    specs = [(s.name, s.weight, dict(s.options)) for s in cfg.rewards]
+    if not specs:
+        from rlvr.tasks import get_task
+
+        specs = [(n, w, {}) for n, w in get_task(cfg.data.task, **cfg.data.task_options).default_rewards]
+    return [(n, w, {"max_completion_length": cfg.rollout.max_completion_length, **o} if n == "overlong" else o)
+            for n, w, o in specs]
+
+
 def load_reward_functions(specs: list[tuple[str, float, dict[str, Any]]]) -> list[RewardFn]:
     """[(name, weight, options)] -> RewardFn list. Unknown names list the valid ones."""
     _ensure_registered()

@@ -41,7 +41,7 @@ from rlvr.evaluate import evaluate
 from rlvr.prompts import as_completion_payload, encode_prompts
 from rlvr.rollout import check_mismatch, logprob_mismatch_metrics, make_engine
 from rlvr.rollout.base import RolloutEngine, SamplingParams
-from rlvr.scoring import RewardFn, load_reward_functions, score
+from rlvr.scoring import RewardFn, load_reward_functions, reward_specs, score
 
 
 @dataclass
@@ -296,15 +296,7 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
             f"rollout backend {cfg.rollout.backend!r} cannot receive new weights, so it would sample from a "
             "stale policy. Set rollout.allow_stale_sampler=true to accept that (the lag is logged as policy_lag "
             "and corrected by importance sampling), or use a backend that takes weights (native, hf, vllm).")
-    specs = [(s.name, s.weight, s.options) for s in cfg.rewards]
-    if not specs:
-        from rlvr.tasks import get_task
-
-        specs = [(n, w, {}) for n, w in get_task(cfg.data.task, **cfg.data.task_options).default_rewards]
-    # The overlong penalty is about the generation limit: default it to the rollout's own.
-    specs = [(n, w, {"max_completion_length": cfg.rollout.max_completion_length, **o} if n == "overlong" else o)
-             for n, w, o in specs]
-    reward_fns = load_reward_functions(specs)
+    reward_fns = load_reward_functions(reward_specs(cfg))
     stream = PromptStream(cfg, d.rank, d.world)
     policy = distributed.wrap(model, d, device)
     optimizer = build_optimizer(cfg, model)
