@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from rlvr.rollout import cpu_kernel
 from rlvr.rollout.base import Completion, SamplingParams
 from rlvr.rollout.common import (
     TokenSampler,
@@ -49,8 +52,12 @@ from rlvr.rollout.common import (
     validate_request,
 )
 
+log = logging.getLogger(__name__)
+
 FAST_PATH_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-KEY_BUCKET = 32  # decode attention's key length is rounded up to a multiple of this (see decode)
+KEY_BUCKET = (
+    32  # decode attention's key length is rounded up to a multiple of this (see decode)
+)
 
 
 def _unwrap(model):
@@ -289,12 +296,10 @@ class LlamaFamilyDecoder:
         # Zero-filled, not empty: decode attends over a bucketed key length that can include
         # not-yet-written slots (masked with -inf), and 0·garbage could be NaN.
         self.k_cache = [
-            torch.zeros(N, Hkv, S, D, dtype=x.dtype, device=device)
-            for _ in self.layers
+            torch.zeros(N, Hkv, S, D, dtype=x.dtype, device=device) for _ in self.layers
         ]
         self.v_cache = [
-            torch.zeros(N, Hkv, S, D, dtype=x.dtype, device=device)
-            for _ in self.layers
+            torch.zeros(N, Hkv, S, D, dtype=x.dtype, device=device) for _ in self.layers
         ]
         self.qk_norms = [
             None if ops.q_norm is None else (ops.q_norm, ops.k_norm)
@@ -510,6 +515,7 @@ class NativeEngine:
         compact_fraction: float = 0.25,
         sync_every: int | None = None,
         cpu_threads: int | str = "auto",
+        cpu_kernel: bool | None = None,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -535,7 +541,21 @@ class NativeEngine:
             raise ValueError(
                 f"cpu_threads must be 'auto' or an int >= 1, got {cpu_threads!r}."
             )
+        # The C kernel runs one row slice per thread: an explicit cpu_threads, else every thread
+        # torch may use (read at each call, so torch.set_num_threads still governs it).
+        self.kernel_threads = cpu_threads if isinstance(cpu_threads, int) else None
         self.cpu_threads = cpu_threads
+        if cpu_kernel not in (None, True, False):
+            raise ValueError(
+                f"cpu_kernel must be None (auto), True or False, got {cpu_kernel!r}."
+            )
+        self.cpu_kernel = cpu_kernel
+        self.last_decoder: str | None = (
+            None  # "kernel" or "torch": what the last call used
+        )
+        self._kernel_notes: set[str] = set()
+        self._executor: ThreadPoolExecutor | None = None
+        self._executor_size = 0
 
     def _decoder(self):
         return (
@@ -550,8 +570,9 @@ class NativeEngine:
         validate_request(prompt_ids, n, sampling)
         # Greedy rows of one group are identical: decode one per prompt and repeat it.
         n_decode = 1 if sampling.temperature == 0.0 else n
+        workers = self.kernel_threads or torch.get_num_threads()
         with policy_eval(self.model), _cpu_threads(self.cpu_threads, self.model):
-            tokens_NC, logp_NC = self._sample(prompt_ids, n_decode, sampling)
+            tokens_NC, logp_NC = self._sample(prompt_ids, n_decode, sampling, workers)
         if n_decode != n:
             tokens_NC, logp_NC = (
                 tokens_NC.repeat_interleave(n, dim=0),
@@ -577,7 +598,13 @@ class NativeEngine:
             for row, (row_ids, lps, text) in enumerate(zip(ids, logps, texts))
         ]
 
-    def _sample(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams):
+    def _sample(
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        sampling: SamplingParams,
+        workers: int,
+    ):
         """Decode loop. Returns ``tokens_NC`` (-1 after a row finished) and ``logp_NC``."""
         device = next(self.model.parameters()).device
         ids_BP, mask_BP = left_pad(prompt_ids, self.pad_id, device)
@@ -603,6 +630,12 @@ class NativeEngine:
             seen_MV = seen_BV.repeat_interleave(n, dim=0)
 
         decoder = self._decoder()
+        why_not = self._kernel_unavailable(decoder, sampler, device)
+        self.last_decoder = "torch" if why_not else "kernel"
+        if why_not is None:
+            return self._sample_kernel(
+                ids_BP, mask_BP, n, sampling, sampler.generator, workers
+            )
         logits_BV = decoder.prefill(ids_BP, mask_BP, n, C)
         # The first token of every row comes from its prompt's last position; no decode step needed.
         logits_MV = logits_BV.repeat_interleave(n, dim=0)
@@ -659,6 +692,77 @@ class NativeEngine:
             decoder.release()
         return tokens_NC, logp_NC
 
+    def _kernel_unavailable(self, decoder, sampler, device) -> str | None:
+        """None when ``kernels/decode_cpu.c`` will run this request, else why not (an error when
+        ``cpu_kernel=True``; logged once per reason otherwise)."""
+        if self.cpu_kernel is False:
+            return "cpu_kernel=False"
+        if device.type != "cpu":
+            why = f"the model is on {device.type}"
+        elif not isinstance(decoder, LlamaFamilyDecoder):
+            why = "the model has no fast path (generic Hugging Face cache decoder)"
+        elif sampler.filtered or sampler.use_penalty:
+            why = "top-k / top-p / min-p / repetition penalty are sampled by the PyTorch decoder"
+        else:
+            why = (
+                cpu_kernel.unsupported(_unwrap(self.model))
+                or cpu_kernel.load()[1]
+                or None
+            )
+        if why and self.cpu_kernel:
+            raise ValueError(
+                f"native engine: cpu_kernel=True but the C decode kernel cannot run this request: "
+                f"{why}. Leave cpu_kernel unset to fall back to the PyTorch decoder."
+            )
+        if why and why not in self._kernel_notes:
+            self._kernel_notes.add(why)
+            log.info("native engine: PyTorch decoder, not the C kernel: %s", why)
+        return why
+
+    def _sample_kernel(self, ids_BP, mask_BP, n, sampling, generator, workers):
+        """Prefill and decode in C (``cpu_kernel.KernelDecode``): one slice per core, every step
+        in one call when there are no stop strings (which need a host check after each step)."""
+        run = cpu_kernel.KernelDecode(
+            _unwrap(self.model),
+            ids_BP,
+            (1 - mask_BP).sum(-1),
+            n,
+            sampling,
+            self.eos_ids,
+            generator,
+        )
+        slices = run.row_slices(workers)
+        pool = self._pool(workers - 1)
+        run.prefill(workers, pool)
+        C = sampling.max_tokens
+        if not sampling.stop:
+            run.decode(0, C, slices, pool)
+            return run.tokens_NC, run.logp_NC
+        rows_N = torch.arange(run.N)
+        for t in range(C):
+            run.decode(t, t + 1, slices, pool)
+            alive = run.alive_N.tolist()
+            stopped = self._apply_stops(run.tokens_NC, rows_N, alive, t, sampling.stop)
+            for r, (was, now) in enumerate(zip(alive, stopped)):
+                if was and not now:
+                    run.alive_N[r] = 0
+            if not any(stopped):
+                break
+        return run.tokens_NC, run.logp_NC
+
+    def _pool(self, workers: int) -> ThreadPoolExecutor | None:
+        """Threads for the kernel's extra row slices (the calling thread runs the first one)."""
+        if workers < 1:
+            return None
+        if self._executor is None or self._executor_size != workers:
+            if self._executor is not None:
+                self._executor.shutdown()
+            self._executor = ThreadPoolExecutor(
+                workers, thread_name_prefix="rlvr-decode"
+            )
+            self._executor_size = workers
+        return self._executor
+
     def _apply_stops(self, tokens_NC, rows_M, alive_cpu, t, stops) -> list[bool]:
         """Mark rows whose completion now contains a stop string as finished (decodes each live row)."""
         rows = rows_M.tolist()
@@ -675,4 +779,6 @@ class NativeEngine:
         """No-op: the engine samples from the live policy object, so it is always current."""
 
     def close(self) -> None:
-        pass
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None

@@ -1,0 +1,395 @@
+"""The native engine's fused CPU decode loop (``kernels/decode_cpu.c``), built on first use.
+
+Why C: a decode step of a small model on a CPU is a few hundred PyTorch ops of a few microseconds
+each, and for the shipped tiny model dispatch costs more than the arithmetic; a decode step that
+spans several cores pays OpenMP's fork/join per op as well. The kernel runs whole decode loops for
+a slice of rows in one call and the engine runs one slice per core, each in its own thread with the
+GIL released and one BLAS thread, so the cores never wait for each other inside a step.
+
+Building: the source ships with the package and is compiled by the system C compiler (``$CC``, else
+``cc`` / ``gcc``) into ``$RLVR_CACHE_DIR`` (default ``~/.cache/rlvr/kernels``) the first time it
+is needed, about a second; the file name carries a hash of the source, the flags, the compiler and
+the CPU, so an edited source or another machine sharing the home directory gets its own build.
+``-march=native`` is why the CPU is in the hash. Without a compiler, or if the build fails, the
+engine says why once (log) and uses its PyTorch decoder: nothing else changes.
+
+Matmuls use BLAS ``sgemm_`` taken from the already loaded libtorch (PyTorch's x86 wheels link MKL
+and export it), checked on a small product before first use; without it a portable loop is used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import glob
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernels") / "decode_cpu.c"
+ABI = 4  # RLVR_DECODE_ABI in the C source; bump both when Ctx changes
+CFLAGS = [
+    "-O3",
+    "-march=native",
+    "-fopenmp-simd",
+    "-fno-math-errno",
+    "-std=c11",
+    "-fPIC",
+    "-shared",
+]
+
+
+class Ctx(ctypes.Structure):
+    """Mirror of the C ``Ctx`` (same field order; natural alignment on both sides)."""
+
+    _fields_ = (
+        [
+            (name, ctypes.c_int32)
+            for name in "L E H Hkv D I V B n P C greedy has_qk_norm n_eos abi".split()
+        ]
+        + [(name, ctypes.c_float) for name in ("eps", "scale", "inv_temp")]
+        + [
+            (name, ctypes.c_void_p)
+            for name in (
+                "embed final_norm lm_head rope lw pad prompt_ids first_logits uniforms eos tokens "
+                "logps alive sgemm set_threads_local all_logits"
+            ).split()
+        ]
+    )
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("RLVR_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rlvr"
+    )
+    return Path(root) / "kernels"
+
+
+def _compiler() -> str | None:
+    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if cc and shutil.which(cc.split()[0]):
+            return cc
+    return None
+
+
+def _cpu_signature() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [
+                line
+                for line in f
+                if line.startswith(("model name", "flags", "Features"))
+            ]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def build(cc: str, cache_dir: Path) -> tuple[Path | None, str]:
+    """Compile the kernel with ``cc`` into ``cache_dir`` unless an identical build is there."""
+    source = SOURCE.read_bytes()
+    try:
+        version = subprocess.run(
+            cc.split() + ["--version"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"{cc} --version failed: {e}"
+    key = hashlib.sha256(
+        b"\0".join(
+            [
+                source,
+                " ".join(CFLAGS).encode(),
+                version.encode(),
+                _cpu_signature().encode(),
+            ]
+        )
+    ).hexdigest()[:16]
+    out = cache_dir / f"decode_cpu-{key}.so"
+    if out.exists():
+        return out, ""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+            built = Path(tmp) / out.name
+            proc = subprocess.run(
+                cc.split() + CFLAGS + ["-o", str(built), str(SOURCE), "-lm"],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            if proc.returncode != 0:
+                return (
+                    None,
+                    f"{cc} failed to build {SOURCE.name}: {proc.stderr.strip()[-2000:]}",
+                )
+            os.replace(built, out)  # atomic: a concurrent loader sees all or nothing
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"could not build {SOURCE.name} into {out.parent}: {e}"
+    return out, ""
+
+
+@functools.cache
+def load() -> tuple[ctypes.CDLL | None, str]:
+    """The compiled kernel library (built once, cached per process), or ``(None, why not)``."""
+    if os.environ.get("RLVR_NO_CPU_KERNEL"):
+        return None, "disabled by RLVR_NO_CPU_KERNEL"
+    cc = _compiler()
+    if cc is None:
+        return None, "no C compiler found (set $CC or install gcc/clang)"
+    path, why = build(cc, _cache_dir())
+    if path is None:
+        return None, why
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        return None, f"could not load {path}: {e}"
+    if lib.rlvr_decode_abi() != ABI:
+        return None, f"{path} has ABI {lib.rlvr_decode_abi()}, expected {ABI}"
+    lib.rlvr_decode.argtypes = [ctypes.POINTER(Ctx)] + [ctypes.c_int] * 4
+    lib.rlvr_decode.restype = ctypes.c_int
+    lib.rlvr_prefill.argtypes = [ctypes.POINTER(Ctx)] + [ctypes.c_int] * 2
+    lib.rlvr_prefill.restype = ctypes.c_int
+    lib.rlvr_check_sgemm.argtypes = [ctypes.c_void_p]
+    return lib, ""
+
+
+@functools.cache
+def blas() -> tuple[int | None, int | None]:
+    """Addresses of ``sgemm_`` and ``MKL_Set_Num_Threads_Local`` (MKL's C name) in the loaded libtorch, or None."""
+    lib_dir = Path(torch.__file__).parent / "lib"
+    for path in sorted(glob.glob(str(lib_dir / "libtorch_cpu.*"))):
+        try:
+            torch_cpu = ctypes.CDLL(path)
+        except OSError:
+            continue
+        sgemm = getattr(torch_cpu, "sgemm_", None)
+        threads = getattr(torch_cpu, "MKL_Set_Num_Threads_Local", None)
+        address = lambda f: None if f is None else ctypes.cast(f, ctypes.c_void_p).value
+        return address(sgemm), address(threads)
+    return None, None
+
+
+@functools.cache
+def sgemm_pointers() -> tuple[int | None, int | None, str]:
+    """BLAS pointers that passed the kernel's small-product check (or Nones), and a note."""
+    lib, why = load()
+    if lib is None:
+        return None, None, why
+    sgemm, threads = blas()
+    if sgemm is None:
+        return None, None, "no sgemm_ exported by libtorch_cpu: portable matmul loop"
+    if lib.rlvr_check_sgemm(sgemm) != 0:
+        return (
+            None,
+            None,
+            "libtorch's sgemm_ failed the kernel's check: portable matmul loop",
+        )
+    return sgemm, threads, ""
+
+
+PLAIN_RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+
+
+def _plain_linear(m, bias_ok: bool) -> bool:
+    return type(m) is torch.nn.Linear and (bias_ok or m.bias is None)
+
+
+def _plain_norm(m) -> bool:
+    return type(m).__name__ in PLAIN_RMS_NORMS and hasattr(m, "variance_epsilon")
+
+
+def unsupported(lm) -> str | None:
+    """Why the kernel cannot decode this (unwrapped, fast-path) Llama/Qwen model, or None. It runs
+    exactly the plain modules (biases included): wrapped (LoRA, quantised) projections, other
+    activations or norms, and anything but float32 go to the PyTorch decoder."""
+    base = lm.model
+    if any(p.dtype != torch.float32 for p in lm.parameters()):
+        return "the model is not float32"
+    if type(base.embed_tokens) is not torch.nn.Embedding or not _plain_linear(
+        lm.lm_head, False
+    ):
+        return "the embedding or LM head is wrapped or biased"
+    norms = [base.norm]
+    for layer in base.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if not all(
+            _plain_linear(getattr(attn, n), True)
+            for n in ("q_proj", "k_proj", "v_proj")
+        ):
+            return "a q/k/v projection is wrapped (LoRA or quantised)"
+        if not _plain_linear(attn.o_proj, True) or not all(
+            _plain_linear(getattr(mlp, n, None), True)
+            for n in ("gate_proj", "up_proj", "down_proj")
+        ):
+            return "an output or MLP projection is wrapped (LoRA or quantised)"
+        if type(getattr(mlp, "act_fn", None)).__name__ not in (
+            "SiLUActivation",
+            "SiLU",
+        ):
+            return "the MLP activation is not SiLU"
+        norms += [layer.input_layernorm, layer.post_attention_layernorm]
+        norms += [attn.q_norm, attn.k_norm] if hasattr(attn, "q_norm") else []
+    if not all(_plain_norm(m) for m in norms):
+        return "a norm is not a plain Llama/Qwen RMSNorm"
+    if len({float(m.variance_epsilon) for m in norms}) != 1:
+        return "its norms use different epsilons"
+    return None
+
+
+def rope_table(lm, positions: int) -> torch.Tensor:
+    """``[positions, 2D]``: cos | sin with the first half of sin negated, from the model's own rotary
+    module (scaled and NTK variants honoured), so that ``x·cos + roll(x, D/2)·sin`` is
+    transformers' ``x·cos + rotate_half(x)·sin``."""
+    base = lm.model
+    probe = base.embed_tokens.weight[:1, None]  # the module reads only dtype and device
+    cos, sin = base.rotary_emb(probe, torch.arange(positions)[None])
+    half = cos.shape[-1] // 2
+    return (
+        torch.cat((cos[0], -sin[0, :, :half], sin[0, :, half:]), dim=-1)
+        .float()
+        .contiguous()
+    )
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class KernelDecode:
+    """One request through the C kernel: prefill then decode, on the model's live parameters.
+    Holds every tensor the C side points at for as long as it runs.
+
+    ``pad_B``: left pads of each prompt in ``ids_BP``; rows ``b·n … b·n+n-1`` sample prompt b.
+    The draws are ``uniforms[t, r]`` from ``generator``: one per row and step, so a seed gives the
+    same completions whatever the number of slices."""
+
+    def __init__(
+        self,
+        lm,
+        ids_BP,
+        pad_B,
+        n: int,
+        sampling,
+        eos_ids,
+        generator,
+        keep_logits: bool = False,
+    ):
+        lib, _ = load()
+        assert lib is not None, "KernelDecode needs load() to have succeeded"
+        self.lib = lib
+        base, cfg = lm.model, lm.config
+        attn0 = base.layers[0].self_attn
+        B, P = ids_BP.shape
+        C = sampling.max_tokens
+        H = cfg.num_attention_heads
+        Hkv = getattr(cfg, "num_key_value_heads", None) or H
+        D = attn0.head_dim
+        N = B * n
+        self.N, self.B, self.n, self.C = N, B, n, C
+        self.keep: list[
+            torch.Tensor
+        ] = []  # every tensor whose address the C side holds
+
+        def hold(t: torch.Tensor | None) -> int | None:
+            if t is None:
+                return None
+            t = t.detach().contiguous()
+            self.keep.append(t)
+            return t.data_ptr()
+
+        lw: list[int | None] = []
+        for layer in base.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            k_pre, v_pre = torch.empty(B, Hkv, P, D), torch.empty(B, Hkv, P, D)
+            k_suf, v_suf = torch.empty(N, Hkv, C, D), torch.empty(N, Hkv, C, D)
+            q_norm, k_norm = (
+                getattr(attn, "q_norm", None),
+                getattr(attn, "k_norm", None),
+            )
+            lw += [
+                hold(layer.input_layernorm.weight),
+                hold(attn.q_proj.weight), hold(attn.k_proj.weight), hold(attn.v_proj.weight),
+                hold(attn.q_proj.bias), hold(attn.k_proj.bias), hold(attn.v_proj.bias),
+                hold(None if q_norm is None else q_norm.weight),
+                hold(None if k_norm is None else k_norm.weight),
+                hold(attn.o_proj.weight), hold(attn.o_proj.bias),
+                hold(layer.post_attention_layernorm.weight),
+                hold(mlp.gate_proj.weight), hold(mlp.up_proj.weight), hold(mlp.down_proj.weight),
+                hold(mlp.gate_proj.bias), hold(mlp.up_proj.bias), hold(mlp.down_proj.bias),
+                hold(k_pre), hold(v_pre), hold(k_suf), hold(v_suf),
+            ]  # fmt: skip
+        self.lw = (ctypes.c_void_p * len(lw))(*lw)
+        greedy = sampling.temperature == 0.0
+        self.tokens_NC = torch.full((N, C), -1, dtype=torch.long)
+        self.logp_NC = torch.zeros((N, C), dtype=torch.float32)
+        self.alive_N = torch.ones(N, dtype=torch.int32)
+        self.first_logits_BV = torch.empty(B, cfg.vocab_size)
+        uniforms = (
+            torch.zeros(C, N) if greedy else torch.rand(C, N, generator=generator)
+        )
+        # Every step's logits, only for the tests that hold them against the Hugging Face forward.
+        self.logits_NCV = torch.zeros(N, C, cfg.vocab_size) if keep_logits else None
+        sgemm, threads, _ = sgemm_pointers()
+        self.ctx = Ctx(
+            L=len(base.layers), E=cfg.hidden_size, H=H, Hkv=Hkv, D=D,
+            I=base.layers[0].mlp.gate_proj.out_features, V=cfg.vocab_size,
+            B=B, n=n, P=P, C=C, greedy=int(greedy),
+            has_qk_norm=int(hasattr(attn0, "q_norm")), n_eos=len(eos_ids), abi=ABI,
+            eps=float(base.norm.variance_epsilon), scale=float(attn0.scaling),
+            inv_temp=1.0 if greedy else 1.0 / sampling.temperature,
+            embed=hold(base.embed_tokens.weight), final_norm=hold(base.norm.weight),
+            lm_head=hold(lm.lm_head.weight), rope=hold(rope_table(lm, P + C)),
+            lw=ctypes.cast(self.lw, ctypes.c_void_p), pad=hold(pad_B.to(torch.int32)),
+            prompt_ids=hold(ids_BP.to(torch.long)), first_logits=_ptr(self.first_logits_BV),
+            uniforms=hold(uniforms), eos=hold(torch.tensor(list(eos_ids), dtype=torch.long)),
+            tokens=_ptr(self.tokens_NC), logps=_ptr(self.logp_NC), alive=_ptr(self.alive_N),
+            sgemm=sgemm, set_threads_local=threads, all_logits=_ptr(self.logits_NCV),
+        )  # fmt: skip
+
+    @staticmethod
+    def _split(units: int, unit: int, workers: int) -> list[tuple[int, int]]:
+        workers = max(1, min(workers, units))
+        bounds = [round(i * units / workers) * unit for i in range(workers + 1)]
+        return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+    def row_slices(self, workers: int) -> list[tuple[int, int]]:
+        """Row ranges, one per worker, on group boundaries when there are enough groups (a group's
+        rows share its prompt's keys, which then stay in that core's cache)."""
+        if self.B >= workers:
+            return self._split(self.B, self.n, workers)
+        return self._split(self.N, 1, workers)
+
+    def prefill(self, workers: int, pool: ThreadPoolExecutor | None) -> None:
+        self._parallel(
+            self.lib.rlvr_prefill,
+            [s + () for s in self._split(self.B, 1, workers)],
+            pool,
+        )
+
+    def decode(self, t0: int, t1: int, slices, pool: ThreadPoolExecutor | None) -> None:
+        """Steps ``[t0, t1)`` of every row slice."""
+        self._parallel(self.lib.rlvr_decode, [(a, b, t0, t1) for a, b in slices], pool)
+
+    def _parallel(self, fn, jobs, pool) -> None:
+        """``fn(ctx, *job)`` for every job: the first on this thread, the others on ``pool``
+        (ctypes releases the GIL for the call, so they run on separate cores)."""
+        ctx = ctypes.byref(self.ctx)
+        if pool is None or len(jobs) == 1:
+            codes = [fn(ctx, *job) for job in jobs]
+        else:
+            futures = [pool.submit(fn, ctx, *job) for job in jobs[1:]]
+            codes = [fn(ctx, *jobs[0])] + [f.result() for f in futures]
+        if any(codes):
+            raise MemoryError(
+                "the native CPU decode kernel could not allocate its scratch memory"
+            )

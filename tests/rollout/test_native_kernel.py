@@ -1,0 +1,191 @@
+"""The native engine's C decode loop (rlvr/rollout/kernels/decode_cpu.c): every step's logits equal
+the Hugging Face forward of the sequence so far, for each architecture the fast path claims; its
+output does not depend on how rows are split across cores; it steps aside (or errors when asked
+for) where it does not implement the model or the request exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rollout_models import tiny_model
+
+from rlvr.rollout import SamplingParams, cpu_kernel, make_engine
+from rlvr.rollout.common import left_pad
+
+# Skipped only where there is no C compiler at all; with one, a failed build fails these tests.
+pytestmark = pytest.mark.skipif(cpu_kernel._compiler() is None, reason="no C compiler")
+
+
+def test_kernel_builds_and_uses_blas():
+    lib, why = cpu_kernel.load()
+    assert lib is not None, why
+    sgemm, _, note = cpu_kernel.sgemm_pointers()
+    if (
+        torch.backends.mkl.is_available()
+    ):  # PyTorch's x86 wheels: MKL's sgemm_ is exported
+        assert sgemm is not None, note
+
+
+ARCHS = [
+    ("llama", {}),  # GQA (4 query heads over 2 KV heads), untied
+    (
+        "llama",
+        {"attention_bias": True, "tie_word_embeddings": True, "num_key_value_heads": 4},
+    ),
+    ("qwen2", {}),  # q/k/v biases
+    ("qwen3", {}),  # per-head q/k RMSNorm, explicit head_dim
+]
+ARCH_IDS = ["llama-gqa", "llama-bias-tied-mha", "qwen2", "qwen3"]
+
+
+def run_kernel(model, tok, prompts, n, sampling, workers=1, keep_logits=True):
+    ids_BP, mask_BP = left_pad(prompts, tok.pad_token_id, "cpu")
+    g = torch.Generator().manual_seed(sampling.seed or 0)
+    with torch.inference_mode():
+        run = cpu_kernel.KernelDecode(
+            model,
+            ids_BP,
+            (1 - mask_BP).sum(-1),
+            n,
+            sampling,
+            [tok.eos_token_id],
+            g,
+            keep_logits,
+        )
+        run.prefill(workers, None)
+        run.decode(0, sampling.max_tokens, run.row_slices(workers), None)
+    return run
+
+
+@pytest.mark.parametrize("arch,overrides", ARCHS, ids=ARCH_IDS)
+def test_every_step_logits_equal_hf_forward(arch, overrides):
+    model, tok = tiny_model(arch, seed=1, **overrides)
+    model.eval()
+    assert cpu_kernel.unsupported(model) is None
+    # Different lengths (left padding), several rows per prompt that diverge (T = 1.5 sampling).
+    prompts = [tok.encode("37+45="), tok.encode("8*9="), tok.encode("(2+3)*4=")]
+    n, C = 3, 7
+    run = run_kernel(
+        model, tok, prompts, n, SamplingParams(temperature=1.5, max_tokens=C, seed=3)
+    )
+    tokens = run.tokens_NC.tolist()
+    checked = 0
+    with torch.no_grad():
+        for r, row in enumerate(tokens):
+            prompt = prompts[r // n]
+            done = row.index(-1) if -1 in row else C
+            seq = prompt + row[:done]
+            want_TV = model(torch.tensor([seq])).logits[
+                0, len(prompt) - 1 : len(seq) - 1
+            ]
+            torch.testing.assert_close(
+                run.logits_NCV[r, :done], want_TV, atol=1e-5, rtol=1e-5
+            )
+            # The reported log-prob is log_softmax(logits / T) at the sampled token.
+            want_logp = torch.log_softmax(want_TV / 1.5, -1).gather(
+                1, torch.tensor(row[:done])[:, None]
+            )
+            torch.testing.assert_close(
+                run.logp_NC[r, :done], want_logp[:, 0], atol=1e-5, rtol=0
+            )
+            checked += done
+    assert (
+        checked >= len(tokens) * 2
+    )  # the comparison covered real decode steps, not just step 0
+    assert len({tuple(t) for t in tokens}) > 1  # rows of one group diverged
+
+
+@pytest.mark.parametrize("arch,overrides", ARCHS, ids=ARCH_IDS)
+def test_greedy_tokens_equal_generate(arch, overrides):
+    model, tok = tiny_model(arch, seed=2, **overrides)
+    prompts = [tok.encode("37+45="), tok.encode("8*9="), tok.encode("(2+3)*4=")]
+    sampling = SamplingParams(temperature=0.0, max_tokens=10)
+    native = make_engine("native", model, tok)
+    got = native.generate(prompts, 2, sampling)
+    assert native.last_decoder == "kernel"
+    want = make_engine("hf", model, tok).generate(prompts, 2, sampling)
+    assert [c.token_ids for c in got] == [c.token_ids for c in want]
+    assert [c.finish_reason for c in got] == [c.finish_reason for c in want]
+
+
+def test_output_does_not_depend_on_the_row_split():
+    """The draws are per (step, row) and a row's arithmetic does not depend on its neighbours: 1, 2
+    and 5 slices give identical tokens, and log-probs equal up to BLAS rounding (a GEMM over a
+    different number of rows may sum in another order: 1.2e-6 seen at a log-prob of -4)."""
+    model, tok = tiny_model("llama", seed=4)
+    prompts = [tok.encode(t) for t in ("1+1=", "22+33=", "9*9=", "100-1=", "7=")]
+    sampling = SamplingParams(temperature=1.0, max_tokens=9, seed=11)
+    runs = [
+        run_kernel(model, tok, prompts, 4, sampling, workers=w, keep_logits=False)
+        for w in (1, 2, 5)
+    ]
+    for other in runs[1:]:
+        assert torch.equal(other.tokens_NC, runs[0].tokens_NC)
+        torch.testing.assert_close(other.logp_NC, runs[0].logp_NC, atol=1e-5, rtol=0)
+    # And the engine's thread pool gives what one slice gives.
+    engine = make_engine("native", model, tok, cpu_threads=3)
+    got = engine.generate(prompts, 4, sampling)
+    assert engine.last_decoder == "kernel"
+    want_ids = [[t for t in row if t != -1] for row in runs[0].tokens_NC.tolist()]
+    assert [c.token_ids for c in got] == want_ids
+    engine.close()
+
+
+def test_finished_rows_stop_and_keep_their_tokens():
+    """A row that samples EOS stops (its later slots stay -1) while the others go on."""
+    model, tok = tiny_model("llama", seed=0)
+    prompts = [tok.encode("37+45="), tok.encode("8*9=")]
+    run = run_kernel(
+        model, tok, prompts, 8, SamplingParams(temperature=3.0, max_tokens=30, seed=1)
+    )
+    ended = 0
+    for row in run.tokens_NC.tolist():
+        if tok.eos_token_id in row:
+            end = row.index(tok.eos_token_id)
+            assert all(t == -1 for t in row[end + 1 :])
+            ended += 1
+    assert 0 < ended < 16, (
+        "the seed should give some rows that stop early and some that do not"
+    )
+
+
+def test_falls_back_where_it_does_not_implement_the_request(caplog):
+    model, tok = tiny_model("llama")
+    prompts = [tok.encode("1+2=")]
+    engine = make_engine("native", model, tok)
+    engine.generate(
+        prompts, 2, SamplingParams(temperature=1.0, max_tokens=3, top_k=5, seed=0)
+    )
+    assert engine.last_decoder == "torch"
+    engine.generate(prompts, 2, SamplingParams(temperature=1.0, max_tokens=3, seed=0))
+    assert engine.last_decoder == "kernel"
+    with pytest.raises(ValueError, match="top-k / top-p"):
+        make_engine("native", model, tok, cpu_kernel=True).generate(
+            prompts, 2, SamplingParams(temperature=1.0, max_tokens=3, top_p=0.5)
+        )
+    off = make_engine("native", model, tok, cpu_kernel=False)
+    off.generate(prompts, 2, SamplingParams(temperature=1.0, max_tokens=3, seed=0))
+    assert off.last_decoder == "torch"
+    bf16, tok = tiny_model("llama")
+    assert "float32" in cpu_kernel.unsupported(bf16.to(torch.bfloat16))
+
+
+def test_lora_model_is_not_run_by_the_kernel():
+    peft = pytest.importorskip("peft")
+    model, tok = tiny_model("llama")
+    lora = peft.get_peft_model(
+        model, peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"])
+    )
+    engine = make_engine("native", lora, tok)
+    engine.generate(
+        [tok.encode("1+2=")], 2, SamplingParams(temperature=1.0, max_tokens=3, seed=0)
+    )
+    assert engine.last_decoder == "torch"
+    assert "wrapped" in cpu_kernel.unsupported(lora.get_base_model())
+
+
+def test_build_failure_is_reported_not_raised(tmp_path):
+    path, why = cpu_kernel.build("false", tmp_path)
+    assert path is None and "false" in why
+    path, why = cpu_kernel.build("cc-that-does-not-exist-here", tmp_path)
+    assert path is None and "failed" in why
