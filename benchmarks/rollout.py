@@ -3,9 +3,12 @@
     python benchmarks/rollout.py --json                       # CPU, 2 threads: tiny + ~25M Llama
     python benchmarks/rollout.py --json --device cuda --dtype bfloat16 --models qwen2.5-0.5b
 
-Every engine runs the same prompts, G, sampling and seed, interleaved (hf, native, hf, native, ...)
-so machine noise hits both alike; the medians and their ratio are what to read, not absolute
-times. EOS is disabled (an unused token id) so every completion runs to ``max_tokens``: random-weight
+Engines: ``hf`` (transformers.generate, TRL's default path), ``native`` (rlvr's engine; on CPU its
+C decode loop) and ``native-torch`` (the same engine with ``cpu_kernel=False``: its PyTorch
+decoder). Every engine runs the same prompts, G, sampling and seed, interleaved (hf, native, ...,
+hf, native, ...) so machine noise hits all alike; the medians and their ratios are what to read,
+not absolute times (``*_best``, the fastest repeat, is printed too: on a shared machine noise only
+adds time). Request shape per model: ``SHAPES`` below. EOS is disabled (an unused token id) so every completion runs to ``max_tokens``: random-weight
 models would otherwise stop at random places and the two engines would do different amounts of work.
 
 ``matmul_bound_fraction`` = (2 · matmul params · generated tokens) / time / (FLOP/s of a large
@@ -31,6 +34,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from rlvr.rollout import SamplingParams, make_engine
 
 NEVER_EOS = [10**9]
+# (prompt length, max new tokens) per model; prompt length 0 = the default task's arithmetic
+# prompts ("37+45=", 6 tokens). The shipped tiny model runs its own task's shape; the 25M Llama a
+# GRPO-shaped request (a prompt of tens of tokens, completions twice as long; GSM8K with a chat
+# template is ~100-200 prompt tokens and a few hundred completion tokens, scaled down for a CPU).
+# --prompt-len / --max-tokens override both; docs/rollout.md reports the other shapes too.
+SHAPES = {"tiny": (0, 16), "llama-3m": (0, 16), "default": (64, 128)}
+# Benchmark names for engine configurations: "native-torch" is the native engine without its C
+# decode kernel (the PyTorch decoder), to show what each part contributes.
+ENGINE_SPECS = {"native-torch": ("native", {"cpu_kernel": False})}
 
 
 def char_tokenizer():
@@ -177,15 +189,23 @@ def bench_model(name: str, args) -> dict:
     for _ in range(args.prompts):
         a, b = torch.randint(10, 99, (2,), generator=rng).tolist()
         prompts.append(tok.encode(f"{a}+{b}="))
-    if (
-        name == "qwen2.5-0.5b"
-    ):  # fixed-length prompts of random ids for the large vocabulary
+    prompt_len, max_tokens = SHAPES.get(name, SHAPES["default"])
+    prompt_len = prompt_len if args.prompt_len is None else args.prompt_len
+    max_tokens = max_tokens if args.max_tokens is None else args.max_tokens
+    if prompt_len:
+        # Fixed-length prompts of random ids (never a special token): the shape of a real GRPO
+        # task, where a prompt is tens to hundreds of tokens, not the tiny task's six characters.
+        low = 16 if name != "qwen2.5-0.5b" else 0
+        high = min(len(tok), 150000) if name != "qwen2.5-0.5b" else 150000
         prompts = [
-            torch.randint(0, 150000, (args.prompt_len,), generator=rng).tolist()
+            torch.randint(low, high, (prompt_len,), generator=rng).tolist()
             for _ in range(args.prompts)
         ]
-    sampling = SamplingParams(temperature=1.0, max_tokens=args.max_tokens, seed=0)
-    engines = {e: make_engine(e, model, tok) for e in args.engines}
+    sampling = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=0)
+    engines = {}
+    for e in args.engines:
+        engine_name, options = ENGINE_SPECS.get(e, (e, {}))
+        engines[e] = make_engine(engine_name, model, tok, **options)
     times: dict[str, list[float]] = {e: [] for e in engines}
     tokens: dict[str, int] = {}
     peak: dict[str, int] = {}
@@ -212,29 +232,41 @@ def bench_model(name: str, args) -> dict:
         "matmul_params": n_params,
         "prompts": len(prompts),
         "G": args.G,
-        "max_tokens": args.max_tokens,
+        "max_tokens": max_tokens,
         "matmul_flops_per_s": flops,
         "engines": {},
     }
     for e in engines:
         med = statistics.median(times[e])
         tps = tokens[e] / med
+        best = tokens[e] / min(times[e])
         result["engines"][e] = {
             "median_s": med,
             "all_s": times[e],
             "tokens": tokens[e],
             "tokens_per_s": tps,
+            "tokens_per_s_best": best,
             "matmul_bound_fraction": 2 * n_params * tps / flops,
+            **(
+                {"decoder": engines[e].last_decoder}
+                if hasattr(engines[e], "last_decoder")
+                else {}
+            ),
             **({"peak_memory_bytes": peak[e]} if e in peak else {}),
         }
     if "native" in engines:
         result["native_cpu_threads"] = getattr(engines["native"], "cpu_threads", None)
+    result["prompt_tokens"] = [len(p) for p in prompts]
     if "hf" in engines:
         for e in engines:
             if e != "hf":
                 result[f"speedup_{e}_vs_hf"] = (
                     result["engines"][e]["tokens_per_s"]
                     / result["engines"]["hf"]["tokens_per_s"]
+                )
+                result[f"speedup_{e}_vs_hf_best"] = (
+                    result["engines"][e]["tokens_per_s_best"]
+                    / result["engines"]["hf"]["tokens_per_s_best"]
                 )
     return result
 
@@ -244,7 +276,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--models", default="tiny,llama-25m")
-    p.add_argument("--engines", default="hf,native")
+    p.add_argument(
+        "--engines",
+        default="hf,native,native-torch",
+        help="engine names for make_engine, plus native-torch (native without its C kernel)",
+    )
     p.add_argument(
         "--prompts",
         type=int,
@@ -252,9 +288,17 @@ def main() -> None:
         help="distinct prompts B (default config: 64 completions / G=8)",
     )
     p.add_argument("--G", type=int, default=8, help="completions per prompt")
-    p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument(
-        "--prompt-len", type=int, default=64, help="prompt length for qwen2.5-0.5b"
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="new tokens (default: per model, SHAPES)",
+    )
+    p.add_argument(
+        "--prompt-len",
+        type=int,
+        default=None,
+        help="random-id prompts of this length; 0: the arithmetic prompts (default: per model, SHAPES)",
     )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
@@ -289,7 +333,8 @@ def main() -> None:
         )
         for e, m in r["engines"].items():
             print(
-                f"  {e:8s} {m['tokens_per_s']:10.0f} tok/s   {m['matmul_bound_fraction']:.2%} of matmul bound"
+                f"  {e:12s} {m['tokens_per_s']:10.0f} tok/s (best {m['tokens_per_s_best']:.0f})"
+                f"   {m['matmul_bound_fraction']:.2%} of matmul bound"
             )
         for k, v in r.items():
             if k.startswith("speedup_"):

@@ -200,12 +200,24 @@ def sgemm_pointers() -> tuple[int | None, int | None, str]:
 PLAIN_RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 
 
+def _f32(*tensors) -> bool:
+    return all(t is None or t.dtype == torch.float32 for t in tensors)
+
+
 def _plain_linear(m, bias_ok: bool) -> bool:
-    return type(m) is torch.nn.Linear and (bias_ok or m.bias is None)
+    return (
+        type(m) is torch.nn.Linear
+        and (bias_ok or m.bias is None)
+        and _f32(m.weight, m.bias)
+    )
 
 
 def _plain_norm(m) -> bool:
-    return type(m).__name__ in PLAIN_RMS_NORMS and hasattr(m, "variance_epsilon")
+    return (
+        type(m).__name__ in PLAIN_RMS_NORMS
+        and hasattr(m, "variance_epsilon")
+        and _f32(m.weight)
+    )
 
 
 def unsupported(lm) -> str | None:
@@ -213,7 +225,9 @@ def unsupported(lm) -> str | None:
     exactly the plain modules (biases included): wrapped (LoRA, quantised) projections, other
     activations or norms, and anything but float32 go to the PyTorch decoder."""
     base = lm.model
-    if any(p.dtype != torch.float32 for p in lm.parameters()):
+    # Every tensor the kernel reads is checked below (module by module, not parameters(): that
+    # walk cost more than the tiny model's prefill).
+    if not _f32(base.embed_tokens.weight, lm.lm_head.weight):
         return "the model is not float32"
     if type(base.embed_tokens) is not torch.nn.Embedding or not _plain_linear(
         lm.lm_head, False
@@ -226,12 +240,12 @@ def unsupported(lm) -> str | None:
             _plain_linear(getattr(attn, n), True)
             for n in ("q_proj", "k_proj", "v_proj")
         ):
-            return "a q/k/v projection is wrapped (LoRA or quantised)"
+            return "a q/k/v projection is wrapped (LoRA or quantised) or not float32"
         if not _plain_linear(attn.o_proj, True) or not all(
             _plain_linear(getattr(mlp, n, None), True)
             for n in ("gate_proj", "up_proj", "down_proj")
         ):
-            return "an output or MLP projection is wrapped (LoRA or quantised)"
+            return "an output or MLP projection is wrapped (LoRA or quantised) or not float32"
         if type(getattr(mlp, "act_fn", None)).__name__ not in (
             "SiLUActivation",
             "SiLU",
@@ -240,7 +254,7 @@ def unsupported(lm) -> str | None:
         norms += [layer.input_layernorm, layer.post_attention_layernorm]
         norms += [attn.q_norm, attn.k_norm] if hasattr(attn, "q_norm") else []
     if not all(_plain_norm(m) for m in norms):
-        return "a norm is not a plain Llama/Qwen RMSNorm"
+        return "a norm is not a plain float32 Llama/Qwen RMSNorm"
     if len({float(m.variance_epsilon) for m in norms}) != 1:
         return "its norms use different epsilons"
     return None
