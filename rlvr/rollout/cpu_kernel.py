@@ -29,7 +29,6 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -37,8 +36,9 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels") / "decode_cpu.c"
-ABI = 4  # RLVR_DECODE_ABI in the C source; bump both when Ctx changes
+ABI = 5  # RLVR_DECODE_ABI in the C source; bump both when Ctx changes
 CFLAGS = [
+    "-pthread",
     "-O3",
     "-march=native",
     "-fopenmp-simd",
@@ -160,6 +160,15 @@ def load() -> tuple[ctypes.CDLL | None, str]:
     lib.rlvr_prefill.argtypes = [ctypes.POINTER(Ctx)] + [ctypes.c_int] * 2
     lib.rlvr_prefill.restype = ctypes.c_int
     lib.rlvr_check_sgemm.argtypes = [ctypes.c_void_p]
+    lib.rlvr_run.argtypes = [
+        ctypes.POINTER(Ctx),
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
+    lib.rlvr_run.argtypes += [ctypes.c_int, ctypes.c_int]
+    lib.rlvr_run.restype = ctypes.c_int
+    lib.rlvr_wake.argtypes = [ctypes.c_int]
     return lib, ""
 
 
@@ -370,40 +379,60 @@ class KernelDecode:
             sgemm=sgemm, set_threads_local=threads, all_logits=_ptr(self.logits_NCV),
         )  # fmt: skip
 
-    @staticmethod
-    def _split(units: int, unit: int, workers: int) -> list[tuple[int, int]]:
-        workers = max(1, min(workers, units))
-        bounds = [round(i * units / workers) * unit for i in range(workers + 1)]
-        return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    def slices(self, workers: int) -> tuple[bool, list[tuple[int, int, int, int]]]:
+        """``(own_prompts, [(row_lo, row_hi, prompt_lo, prompt_hi), ...])``, one per worker. With at
+        least as many prompts as workers, each slice takes whole groups and prefills exactly its
+        own prompts (no wait between prefill and decode, and a group's prompt keys stay in that
+        core's cache); otherwise prompts and rows are split separately."""
+        workers = max(1, min(workers, self.N))
 
-    def row_slices(self, workers: int) -> list[tuple[int, int]]:
-        """Row ranges, one per worker, on group boundaries when there are enough groups (a group's
-        rows share its prompt's keys, which then stay in that core's cache)."""
+        def split(units: int) -> list[tuple[int, int]]:
+            parts = min(workers, units)
+            bounds = [round(i * units / parts) for i in range(parts + 1)]
+            return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
         if self.B >= workers:
-            return self._split(self.B, self.n, workers)
-        return self._split(self.N, 1, workers)
+            groups = split(self.B)
+            return True, [(a * self.n, b * self.n, a, b) for a, b in groups]
+        prompts, rows = split(self.B), split(self.N)
+        prompts += [(self.B, self.B)] * (len(rows) - len(prompts))
+        return False, [(r[0], r[1], p[0], p[1]) for r, p in zip(rows, prompts)]
 
-    def prefill(self, workers: int, pool: ThreadPoolExecutor | None) -> None:
-        self._parallel(
-            self.lib.rlvr_prefill,
-            [s + () for s in self._split(self.B, 1, workers)],
-            pool,
+    def run(self, kind: int, slices, t0: int = 0, t1: int = 0) -> None:
+        """One job on the kernel's thread team (the calling thread runs slice 0; ctypes releases
+        the GIL for the call). ``kind``: PREFILL, DECODE or BOTH (prefill, then steps [t0, t1))."""
+        flat = [v for s in slices for v in s]
+        bounds = (ctypes.c_int32 * len(flat))(*flat)
+        rc = self.lib.rlvr_run(
+            ctypes.byref(self.ctx), kind, len(slices), bounds, t0, t1
         )
-
-    def decode(self, t0: int, t1: int, slices, pool: ThreadPoolExecutor | None) -> None:
-        """Steps ``[t0, t1)`` of every row slice."""
-        self._parallel(self.lib.rlvr_decode, [(a, b, t0, t1) for a, b in slices], pool)
-
-    def _parallel(self, fn, jobs, pool) -> None:
-        """``fn(ctx, *job)`` for every job: the first on this thread, the others on ``pool``
-        (ctypes releases the GIL for the call, so they run on separate cores)."""
-        ctx = ctypes.byref(self.ctx)
-        if pool is None or len(jobs) == 1:
-            codes = [fn(ctx, *job) for job in jobs]
-        else:
-            futures = [pool.submit(fn, ctx, *job) for job in jobs[1:]]
-            codes = [fn(ctx, *jobs[0])] + [f.result() for f in futures]
-        if any(codes):
+        if rc:
             raise MemoryError(
                 "the native CPU decode kernel could not allocate its scratch memory"
             )
+
+
+PREFILL, DECODE, BOTH = 0, 1, 2
+
+
+def generate(run: KernelDecode, workers: int, stop_check=None) -> None:
+    """Prefill and decode every row of ``run``: one job when there are no stop strings; otherwise
+    one step per job, with ``stop_check(t)`` (which may clear rows of ``run.alive_N``) between."""
+    own, slices = run.slices(workers)
+    C = run.C
+    first = BOTH if own else PREFILL
+    if stop_check is None:
+        if own:
+            run.run(BOTH, slices, 0, C)
+        else:
+            run.run(PREFILL, slices)
+            run.run(DECODE, slices, 0, C)
+        return
+    run.run(first, slices, 0, 1)
+    if not own:
+        run.run(DECODE, slices, 0, 1)
+    for t in range(C):
+        if t > 0:
+            run.run(DECODE, slices, t, t + 1)
+        if not stop_check(t):
+            break

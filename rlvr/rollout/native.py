@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Iterator, Sequence
 
 import torch
@@ -554,8 +553,6 @@ class NativeEngine:
             None  # "kernel" or "torch": what the last call used
         )
         self._kernel_notes: set[str] = set()
-        self._executor: ThreadPoolExecutor | None = None
-        self._executor_size = 0
 
     def _decoder(self):
         return (
@@ -720,8 +717,11 @@ class NativeEngine:
         return why
 
     def _sample_kernel(self, ids_BP, mask_BP, n, sampling, generator, workers):
-        """Prefill and decode in C (``cpu_kernel.KernelDecode``): one slice per core, every step
-        in one call when there are no stop strings (which need a host check after each step)."""
+        """Prefill and decode in C (``cpu_kernel``): one slice of rows per core, every step in one
+        call when there are no stop strings (which need a host check after each step)."""
+        lib, _ = cpu_kernel.load()
+        if workers > 1:
+            lib.rlvr_wake(workers - 1)  # the cores spin while the request is set up
         run = cpu_kernel.KernelDecode(
             _unwrap(self.model),
             ids_BP,
@@ -731,37 +731,22 @@ class NativeEngine:
             self.eos_ids,
             generator,
         )
-        slices = run.row_slices(workers)
-        pool = self._pool(workers - 1)
-        run.prefill(workers, pool)
-        C = sampling.max_tokens
-        if not sampling.stop:
-            run.decode(0, C, slices, pool)
-            return run.tokens_NC, run.logp_NC
-        rows_N = torch.arange(run.N)
-        for t in range(C):
-            run.decode(t, t + 1, slices, pool)
-            alive = run.alive_N.tolist()
-            stopped = self._apply_stops(run.tokens_NC, rows_N, alive, t, sampling.stop)
-            for r, (was, now) in enumerate(zip(alive, stopped)):
-                if was and not now:
-                    run.alive_N[r] = 0
-            if not any(stopped):
-                break
-        return run.tokens_NC, run.logp_NC
+        stop_check = None
+        if sampling.stop:
+            rows_N = torch.arange(run.N)
 
-    def _pool(self, workers: int) -> ThreadPoolExecutor | None:
-        """Threads for the kernel's extra row slices (the calling thread runs the first one)."""
-        if workers < 1:
-            return None
-        if self._executor is None or self._executor_size != workers:
-            if self._executor is not None:
-                self._executor.shutdown()
-            self._executor = ThreadPoolExecutor(
-                workers, thread_name_prefix="rlvr-decode"
-            )
-            self._executor_size = workers
-        return self._executor
+            def stop_check(t: int) -> bool:
+                alive = run.alive_N.tolist()
+                stopped = self._apply_stops(
+                    run.tokens_NC, rows_N, alive, t, sampling.stop
+                )
+                for r, (was, now) in enumerate(zip(alive, stopped)):
+                    if was and not now:
+                        run.alive_N[r] = 0
+                return any(stopped)
+
+        cpu_kernel.generate(run, workers, stop_check)
+        return run.tokens_NC, run.logp_NC
 
     def _apply_stops(self, tokens_NC, rows_M, alive_cpu, t, stops) -> list[bool]:
         """Mark rows whose completion now contains a stop string as finished (decodes each live row)."""
@@ -779,6 +764,4 @@ class NativeEngine:
         """No-op: the engine samples from the live policy object, so it is always current."""
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown()
-            self._executor = None
+        pass

@@ -13,7 +13,9 @@ from rlvr.rollout import SamplingParams, make_engine
 
 BACKENDS = [
     pytest.param(("hf", {}), id="hf"),
-    pytest.param(("native", {}), id="native"),  # the C decode kernel (float32 Llama on CPU)
+    pytest.param(
+        ("native", {}), id="native"
+    ),  # the C decode kernel (float32 Llama on CPU)
     pytest.param(("native", {"cpu_kernel": False}), id="native-torch"),
     pytest.param(("native", {"fast_path": False}), id="native-generic"),
     pytest.param(("openai", {}), id="openai-local-server"),

@@ -233,5 +233,8 @@ def test_unfused_projections_equal_hf_forward(monkeypatch):
         token_M = torch.tensor([5, 9])
         rows = [p + [t] for p, t in zip(prompts, token_M.tolist())]
         torch.testing.assert_close(
-            dec.decode(token_M), reference_last_logits(model, rows), atol=1e-5, rtol=1e-5
+            dec.decode(token_M),
+            reference_last_logits(model, rows),
+            atol=1e-5,
+            rtol=1e-5,
         )

@@ -52,8 +52,7 @@ def run_kernel(model, tok, prompts, n, sampling, workers=1, keep_logits=True):
             g,
             keep_logits,
         )
-        run.prefill(workers, None)
-        run.decode(0, sampling.max_tokens, run.row_slices(workers), None)
+        cpu_kernel.generate(run, workers)
     return run
 
 
@@ -110,7 +109,8 @@ def test_greedy_tokens_equal_generate(arch, overrides):
 
 def test_output_does_not_depend_on_the_row_split():
     """The draws are per (step, row) and a row's arithmetic does not depend on its neighbours: 1, 2
-    and 5 slices give identical tokens, and log-probs equal up to BLAS rounding (a GEMM over a
+    and 5 slices (fewer prompts than slices included: prompts and rows then split apart) give
+    identical tokens, and log-probs equal up to BLAS rounding (a GEMM over a
     different number of rows may sum in another order: 1.2e-6 seen at a log-prob of -4)."""
     model, tok = tiny_model("llama", seed=4)
     prompts = [tok.encode(t) for t in ("1+1=", "22+33=", "9*9=", "100-1=", "7=")]

@@ -21,14 +21,24 @@
  * Rows of one group sit next to each other in a slice, so the prompt's keys stay in cache while
  * its G rows attend to them (the Hydragen / cascade-attention idea, without the batching).
  *
+ * Threads: `rlvr_run` splits a job into slices and runs them on a small team of threads kept by
+ * this file (the caller runs slice 0). Between jobs the team spins for a few milliseconds before it
+ * sleeps, as OpenMP runtimes do: waking an idle core costs 1-3 ms on the virtual machines this was
+ * measured on, the length of a whole tiny-model decode. `rlvr_wake` starts that spin early.
+ *
  * Layout conventions: row-major, nn.Linear weights [out, in]. Row r belongs to prompt r / n.
  * Step t samples token t of every live row: t = 0 from the prompt's last logits, t >= 1 by
  * feeding token t-1 (position prompt_len + t - 1, cache slot t-1).
  */
+#define _GNU_SOURCE
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 typedef void (*sgemm_fn)(const char *transa, const char *transb, const int *m, const int *n,
                          const int *k, const float *alpha, const float *a, const int *lda,
@@ -65,7 +75,7 @@ typedef struct {
     float *all_logits;              /* [N, C, V] or NULL: every step's logits, for the tests */
 } Ctx;
 
-#define RLVR_DECODE_ABI 4
+#define RLVR_DECODE_ABI 5
 int rlvr_decode_abi(void) { return RLVR_DECODE_ABI; }
 
 /* e^x (Cephes' expf: Cody-Waite reduction, degree-5 polynomial, ~1 ulp; inputs clamped to
@@ -470,4 +480,136 @@ int rlvr_check_sgemm(sgemm_fn f) {
     for (int i = 0; i < M * NO; ++i)
         if (fabsf(got[i] - want[i]) > 1e-4f) return 1;
     return 0;
+}
+
+/* ---- the thread team ------------------------------------------------------------------------ */
+
+#define MAX_SLICES 64
+#define SPIN_NS 5000000L /* how long an idle worker spins before it sleeps */
+
+enum { JOB_PREFILL, JOB_DECODE, JOB_BOTH };
+
+static struct {
+    pthread_mutex_t submit;        /* one job at a time, whoever calls */
+    pthread_mutex_t m;             /* with cv: sleeping workers */
+    pthread_cond_t cv;
+    atomic_long generation;        /* bumped per job */
+    atomic_long wake;              /* bumped by rlvr_wake */
+    atomic_long spin_until;        /* CLOCK_MONOTONIC ns: workers spin until then */
+    atomic_int pending;            /* workers that have not finished the current job */
+    int workers;
+    pid_t pid;                     /* a forked child has no workers: start again there */
+    /* the current job */
+    const Ctx *c;
+    int kind, n_slices, t0, t1;
+    int lo[MAX_SLICES], hi[MAX_SLICES], plo[MAX_SLICES], phi[MAX_SLICES], rc[MAX_SLICES];
+    long born[MAX_SLICES];
+} team = {.submit = PTHREAD_MUTEX_INITIALIZER, .m = PTHREAD_MUTEX_INITIALIZER,
+          .cv = PTHREAD_COND_INITIALIZER};
+
+static long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static int run_slice(int i) {
+    int rc = 0;
+    if (team.kind != JOB_DECODE) rc |= rlvr_prefill(team.c, team.plo[i], team.phi[i]);
+    if (team.kind != JOB_PREFILL && !rc) rc |= rlvr_decode(team.c, team.lo[i], team.hi[i], team.t0, team.t1);
+    return rc;
+}
+
+static void *worker(void *arg) {
+    const int slice = (int)(intptr_t)arg;
+    /* the generation current when this worker was created, not when it first runs: a job
+     * published in between is its to run */
+    long seen = team.born[slice], woken = atomic_load(&team.wake);
+    for (;;) {
+        long g;
+        while ((g = atomic_load(&team.generation)) == seen) {
+            if (now_ns() < atomic_load(&team.spin_until)) {
+                for (int k = 0; k < 64; ++k) cpu_relax();
+                continue;
+            }
+            pthread_mutex_lock(&team.m);
+            while (atomic_load(&team.generation) == seen && atomic_load(&team.wake) == woken)
+                pthread_cond_wait(&team.cv, &team.m);
+            woken = atomic_load(&team.wake);
+            pthread_mutex_unlock(&team.m);
+        }
+        seen = g;
+        if (slice < team.n_slices) team.rc[slice] = run_slice(slice);
+        atomic_fetch_sub(&team.pending, 1);
+    }
+    return NULL;
+}
+
+/* Make sure `n` workers exist (slices 1..n). Returns how many there are. */
+static int grow(int n) {
+    if (team.pid != getpid()) { team.workers = 0; team.pid = getpid(); }
+    while (team.workers < n && team.workers < MAX_SLICES - 1) {
+        pthread_t t;
+        team.born[team.workers + 1] = atomic_load(&team.generation);
+        if (pthread_create(&t, NULL, worker, (void *)(intptr_t)(team.workers + 1)) != 0) break;
+        pthread_detach(t);
+        team.workers++;
+    }
+    return team.workers;
+}
+
+static void keep_spinning(long ns) {
+    long until = now_ns() + ns;
+    if (until > atomic_load(&team.spin_until)) atomic_store(&team.spin_until, until);
+}
+
+/* Wake the team now (the job follows shortly): its cores are spinning by the time it arrives. */
+void rlvr_wake(int n_workers) {
+    pthread_mutex_lock(&team.submit);
+    grow(n_workers);
+    keep_spinning(SPIN_NS);
+    pthread_mutex_lock(&team.m);
+    atomic_fetch_add(&team.wake, 1);
+    pthread_cond_broadcast(&team.cv);
+    pthread_mutex_unlock(&team.m);
+    pthread_mutex_unlock(&team.submit);
+}
+
+/* Run one job of `n_slices` slices: slice i decodes rows [lo[i], hi[i]) for steps [t0, t1)
+ * and/or prefills prompts [plo[i], phi[i]). The caller's thread runs slice 0; returns 0, or
+ * nonzero when a slice ran out of memory. */
+int rlvr_run(const Ctx *c, int kind, int n_slices, const int32_t *bounds, int t0, int t1) {
+    if (n_slices < 1 || n_slices > MAX_SLICES) return -2;
+    pthread_mutex_lock(&team.submit);
+    if (grow(n_slices - 1) < n_slices - 1) n_slices = 1 + team.workers; /* cannot happen often */
+    team.c = c;
+    team.kind = kind;
+    team.t0 = t0;
+    team.t1 = t1;
+    team.n_slices = n_slices;
+    for (int i = 0; i < n_slices; ++i) {
+        team.lo[i] = bounds[4 * i];
+        team.hi[i] = bounds[4 * i + 1];
+        team.plo[i] = bounds[4 * i + 2];
+        team.phi[i] = bounds[4 * i + 3];
+        team.rc[i] = 0;
+    }
+    atomic_store(&team.pending, team.workers);
+    keep_spinning(SPIN_NS);
+    pthread_mutex_lock(&team.m);
+    atomic_fetch_add(&team.generation, 1);
+    pthread_cond_broadcast(&team.cv);
+    pthread_mutex_unlock(&team.m);
+    int rc = run_slice(0);
+    while (atomic_load(&team.pending) > 0) cpu_relax();
+    for (int i = 1; i < n_slices; ++i) rc |= team.rc[i];
+    keep_spinning(SPIN_NS);
+    pthread_mutex_unlock(&team.submit);
+    return rc;
 }
