@@ -8,7 +8,9 @@ C decode loop) and ``native-torch`` (the same engine with ``cpu_kernel=False``: 
 decoder). Every engine runs the same prompts, G, sampling and seed, interleaved (hf, native, ...,
 hf, native, ...) so machine noise hits all alike; the medians and their ratios are what to read,
 not absolute times (``*_best``, the fastest repeat, is printed too: on a shared machine noise only
-adds time). Request shape per model: ``SHAPES`` below. EOS is disabled (an unused token id) so every completion runs to ``max_tokens``: random-weight
+adds time). ``effective_cores``: the big matmul's speed on all threads over one thread, i.e. how
+many cores the host really gave the run (a shared VM's two vCPUs were worth 1.3 at times).
+Request shape per model: ``SHAPES`` below. EOS is disabled (an unused token id) so every completion runs to ``max_tokens``: random-weight
 models would otherwise stop at random places and the two engines would do different amounts of work.
 
 ``matmul_bound_fraction`` = (2 · matmul params · generated tokens) / time / (FLOP/s of a large
@@ -224,6 +226,15 @@ def bench_model(name: str, args) -> dict:
             if args.device.startswith("cuda"):
                 peak[e] = torch.cuda.max_memory_allocated()
     flops = matmul_flops(dtype, args.device)
+    # The cores this process really gets right now: on a shared VM the host may give two vCPUs
+    # much less than two cores' worth, which hits multi-threaded engines hardest. 2.0 = two full
+    # cores (same big matmul on 1 thread vs `threads`).
+    cores = None
+    if args.device == "cpu" and args.threads > 1:
+        torch.set_num_threads(1)
+        one = matmul_flops(dtype, args.device)
+        torch.set_num_threads(args.threads)
+        cores = flops / one
     n_params = matmul_params(model)
     result = {
         "model": name,
@@ -234,6 +245,7 @@ def bench_model(name: str, args) -> dict:
         "G": args.G,
         "max_tokens": max_tokens,
         "matmul_flops_per_s": flops,
+        "effective_cores": cores,
         "engines": {},
     }
     for e in engines:

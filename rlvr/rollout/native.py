@@ -14,7 +14,13 @@ What it does differently from ``transformers.generate`` with ``num_return_sequen
   is log_softmax, an inverse-CDF draw and a gather); host syncs happen every ``sync_every`` steps
   (1 on CPU, where they are free; 8 on CUDA, where each one stalls the stream).
 
-Two decoders behind the loop:
+Three decoders behind the loop:
+
+- ``kernels/decode_cpu.c`` (``cpu_kernel``) — on CPU, for float32 Llama / Qwen2 / Qwen3 built from
+  plain modules and requests without top-k / top-p / min-p / repetition penalty: prefill and whole
+  decode loops in C, one slice of rows per core, the G rows of a group reading one copy of its
+  prompt's KV. The default there (``cpu_kernel=None``); built on first use (about a second). Tested
+  for logits equality with the Hugging Face forward at every step.
 
 - ``LlamaFamilyDecoder`` — Llama, Qwen2, Qwen3 (and their PEFT-wrapped forms): runs the model's own
   live parameters (``F.linear`` on plain layers, the module itself for LoRA or other wrapped
@@ -493,8 +499,12 @@ class NativeEngine:
         error if unsupported), False (always the generic HF-cache decoder).
       compact_fraction: compact the batch when this fraction of its rows has finished (default 0.25).
       sync_every: host syncs (finish checks) every k decode steps; default 1 on CPU, 8 on CUDA.
-      cpu_threads: intra-op threads while sampling on CPU. "auto" (default): 1 for models with
-        hidden_size < 512, else torch's current setting. A decode step of a small model is hundreds of
+      cpu_kernel: None (auto: the C decode loop whenever it implements the model and request
+        exactly, see ``cpu_kernel.unsupported``), True (require it: an error naming why not), False
+        (never: the PyTorch decoders). Which one the last call used: ``last_decoder``.
+      cpu_threads: the C kernel's row slices (default: ``torch.get_num_threads()`` at each call, one
+        per core). For the PyTorch decoders, intra-op threads while sampling on CPU. "auto"
+        (default): 1 for models with hidden_size < 512, else torch's current setting. A decode step of a small model is hundreds of
         ops of a few microseconds each; OpenMP's fork/join per op costs as much as the op, and on a
         shared machine a descheduled sibling thread stalls every op (measured on the 2-core dev box
         under load: a 64x96x96 matmul took 0.7 ms on 1 thread, 12 ms on 2). The previous setting is

@@ -22,9 +22,10 @@
  * its G rows attend to them (the Hydragen / cascade-attention idea, without the batching).
  *
  * Threads: `rlvr_run` splits a job into slices and runs them on a small team of threads kept by
- * this file (the caller runs slice 0). Between jobs the team spins for a few milliseconds before it
- * sleeps, as OpenMP runtimes do: waking an idle core costs 1-3 ms on the virtual machines this was
- * measured on, the length of a whole tiny-model decode. `rlvr_wake` starts that spin early.
+ * this file (the caller runs slice 0). Between jobs the team spins for 2 ms before it sleeps, as
+ * OpenMP runtimes do: waking an idle core cost 1-3 ms on the virtual machine this was measured on,
+ * the length of a whole tiny-model decode. `rlvr_wake` starts that spin early. Short spins only:
+ * on a host whose cores are oversubscribed a spinning thread takes a core from a working one.
  *
  * Layout conventions: row-major, nn.Linear weights [out, in]. Row r belongs to prompt r / n.
  * Step t samples token t of every live row: t = 0 from the prompt's last logits, t >= 1 by
@@ -244,13 +245,17 @@ static int64_t sample(const Ctx *c, const float *logits, float u, float *work, f
     const float total = exp_shift_sum(e, V, mx);
     int64_t tok = arg;
     if (!c->greedy) {
+        /* If rounding leaves the running sum short of u * total (u within ~1e-7 of 1), take the
+         * last token with real mass, never a zero-probability one such as a padded vocab slot. */
         const float target = u * total;
         float cdf = 0.0f;
-        tok = V - 1;
+        int64_t last_real = arg;
         for (int v = 0; v < V; ++v) {
             cdf += e[v];
-            if (cdf > target) { tok = v; break; }
+            if (e[v] > 1e-30f) last_real = v;
+            if (cdf > target) { last_real = v; break; }
         }
+        tok = last_real;
     }
     *logp = z[tok] - (mx + logf(total));
     return tok;
@@ -485,7 +490,7 @@ int rlvr_check_sgemm(sgemm_fn f) {
 /* ---- the thread team ------------------------------------------------------------------------ */
 
 #define MAX_SLICES 64
-#define SPIN_NS 5000000L /* how long an idle worker spins before it sleeps */
+#define SPIN_NS 2000000L /* how long an idle worker spins before it sleeps */
 
 enum { JOB_PREFILL, JOB_DECODE, JOB_BOTH };
 
@@ -607,7 +612,16 @@ int rlvr_run(const Ctx *c, int kind, int n_slices, const int32_t *bounds, int t0
     pthread_cond_broadcast(&team.cv);
     pthread_mutex_unlock(&team.m);
     int rc = run_slice(0);
-    while (atomic_load(&team.pending) > 0) cpu_relax();
+    /* wait for the other slices: spin briefly, then poll asleep (a spinning waiter would take a
+     * core from the workers when the machine's cores are oversubscribed, as shared VMs are) */
+    for (long spin_end = now_ns() + 50000; atomic_load(&team.pending) > 0;) {
+        if (now_ns() < spin_end) {
+            for (int k = 0; k < 64; ++k) cpu_relax();
+        } else {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
     for (int i = 1; i < n_slices; ++i) rc |= team.rc[i];
     keep_spinning(SPIN_NS);
     pthread_mutex_unlock(&team.submit);
