@@ -267,7 +267,7 @@ def bench_model(name: str, args) -> dict:
         "effective_cores": cores,
         "engines": {},
     }
-    for e in engines:
+    for e, engine in engines.items():
         med = statistics.median(times[e])
         tps = tokens[e] / med
         best = tokens[e] / min(times[e])
@@ -279,8 +279,8 @@ def bench_model(name: str, args) -> dict:
             "tokens_per_s_best": best,
             "matmul_bound_fraction": 2 * n_params * tps / flops,
             **(
-                {"decoder": engines[e].last_decoder}
-                if hasattr(engines[e], "last_decoder")
+                {"decoder": engine.last_decoder}
+                if hasattr(engine, "last_decoder")
                 else {}
             ),
             **({"peak_memory_bytes": peak[e]} if e in peak else {}),

@@ -6,8 +6,9 @@ completions, grouped contiguously: completions ``i*n .. i*n+n-1`` belong to prom
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
 

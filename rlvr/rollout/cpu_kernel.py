@@ -2,9 +2,10 @@
 
 Why C: a decode step of a small model on a CPU is a few hundred PyTorch ops of a few microseconds
 each, and for the shipped tiny model dispatch costs more than the arithmetic; a decode step that
-spans several cores pays OpenMP's fork/join per op as well. The kernel runs whole decode loops for
-a slice of rows in one call and the engine runs one slice per core, each in its own thread with the
-GIL released and one BLAS thread, so the cores never wait for each other inside a step.
+spans several cores pays OpenMP's fork/join per op as well. The kernel runs prefill and whole decode
+loops for a slice of rows in one call, one slice per core on the C side's own thread team (the
+calling thread runs the first; ctypes releases the GIL), each with one BLAS thread, so the cores
+never wait for each other inside a step.
 
 Building: the source ships with the package and is compiled by the system C compiler (``$CC``, else
 ``cc`` / ``gcc``) into ``$RLVR_CACHE_DIR`` (default ``~/.cache/rlvr/kernels``) the first time it
@@ -23,6 +24,7 @@ import ctypes
 import functools
 import glob
 import hashlib
+import itertools
 import logging
 import os
 import platform
@@ -55,15 +57,19 @@ class Ctx(ctypes.Structure):
     _fields_ = (
         [
             (name, ctypes.c_int32)
-            for name in "L E H Hkv D I V B n P C greedy has_qk_norm n_eos abi".split()
+            for name in (
+                *("L", "E", "H", "Hkv", "D", "I", "V", "B", "n", "P", "C"),
+                *("greedy", "has_qk_norm", "n_eos", "abi"),
+            )
         ]
         + [(name, ctypes.c_float) for name in ("eps", "scale", "inv_temp")]
         + [
             (name, ctypes.c_void_p)
             for name in (
-                "embed final_norm lm_head rope lw pad prompt_ids first_logits uniforms eos tokens "
-                "logps alive sgemm set_threads_local all_logits"
-            ).split()
+                *("embed", "final_norm", "lm_head", "rope", "lw", "pad", "prompt_ids"),
+                *("first_logits", "uniforms", "eos", "tokens", "logps", "alive"),
+                *("sgemm", "set_threads_local", "all_logits"),
+            )
         ]
     )
 
@@ -100,7 +106,11 @@ def build(cc: str, cache_dir: Path) -> tuple[Path | None, str]:
     source = SOURCE.read_bytes()
     try:
         version = subprocess.run(
-            cc.split() + ["--version"], capture_output=True, text=True, timeout=30
+            cc.split() + ["--version"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         ).stdout
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"{cc} --version failed: {e}"
@@ -126,6 +136,7 @@ def build(cc: str, cache_dir: Path) -> tuple[Path | None, str]:
                 capture_output=True,
                 text=True,
                 timeout=300,
+                check=False,
             )
             if proc.returncode != 0:
                 return (
@@ -160,13 +171,9 @@ def load() -> tuple[ctypes.CDLL | None, str]:
     lib.rlvr_prefill.argtypes = [ctypes.POINTER(Ctx)] + [ctypes.c_int] * 2
     lib.rlvr_prefill.restype = ctypes.c_int
     lib.rlvr_check_sgemm.argtypes = [ctypes.c_void_p]
-    lib.rlvr_run.argtypes = [
-        ctypes.POINTER(Ctx),
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_void_p,
-    ]
-    lib.rlvr_run.argtypes += [ctypes.c_int, ctypes.c_int]
+    # rlvr_run(ctx, kind, n_slices, bounds, t0, t1)
+    lib.rlvr_run.argtypes = [ctypes.POINTER(Ctx)] + [ctypes.c_int] * 2
+    lib.rlvr_run.argtypes += [ctypes.c_void_p] + [ctypes.c_int] * 2
     lib.rlvr_run.restype = ctypes.c_int
     lib.rlvr_wake.argtypes = [ctypes.c_int]
     return lib, ""
@@ -389,7 +396,7 @@ class KernelDecode:
         def split(units: int) -> list[tuple[int, int]]:
             parts = min(workers, units)
             bounds = [round(i * units / parts) for i in range(parts + 1)]
-            return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+            return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
 
         if self.B >= workers:
             groups = split(self.B)

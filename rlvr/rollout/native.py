@@ -196,7 +196,7 @@ class _LayerOps:
         fused = _fused_linear(projections)
         if fused is None:
             q, k, v = (_linear(m) for m in projections)
-            fused = lambda h: torch.cat((q(h), k(h), v(h)), dim=-1)  # noqa: E731
+            fused = lambda h: torch.cat((q(h), k(h), v(h)), dim=-1)
         self.qkv = fused
         self.attn_out = _residual_linear(attn.o_proj)
         self.q_norm = _rms_norm(attn.q_norm, dtype) if hasattr(attn, "q_norm") else None
