@@ -543,6 +543,10 @@ class NativeEngine:
             )
         self.compact_fraction = compact_fraction
         self.sync_every = sync_every
+        # The C kernel runs one row slice per thread: an explicit cpu_threads, else every thread
+        # torch may use (read at each call, so torch.set_num_threads still governs it). Taken
+        # before "auto" is resolved: that rule is for the PyTorch decoder's per-op threading.
+        self.kernel_threads = cpu_threads if isinstance(cpu_threads, int) else None
         if cpu_threads == "auto":
             hidden = getattr(_unwrap(model).config, "hidden_size", None)
             cpu_threads = 1 if hidden is not None and hidden < 512 else None
@@ -550,9 +554,6 @@ class NativeEngine:
             raise ValueError(
                 f"cpu_threads must be 'auto' or an int >= 1, got {cpu_threads!r}."
             )
-        # The C kernel runs one row slice per thread: an explicit cpu_threads, else every thread
-        # torch may use (read at each call, so torch.set_num_threads still governs it).
-        self.kernel_threads = cpu_threads if isinstance(cpu_threads, int) else None
         self.cpu_threads = cpu_threads
         if cpu_kernel not in (None, True, False):
             raise ValueError(

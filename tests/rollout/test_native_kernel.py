@@ -131,6 +131,32 @@ def test_output_does_not_depend_on_the_row_split():
     engine.close()
 
 
+def test_engine_uses_every_torch_thread_by_default(monkeypatch):
+    """One slice per thread torch may use (the small-model one-thread rule is for the PyTorch
+    decoder's per-op threading, not for the kernel's slices)."""
+    model, tok = tiny_model("llama")
+    seen = []
+    monkeypatch.setattr(
+        cpu_kernel, "generate", lambda run, workers, stop=None: seen.append(workers)
+    )
+    previous = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        make_engine("native", model, tok).generate(
+            [tok.encode("1+2=")],
+            2,
+            SamplingParams(temperature=1.0, max_tokens=2, seed=0),
+        )
+        make_engine("native", model, tok, cpu_threads=2).generate(
+            [tok.encode("1+2=")],
+            2,
+            SamplingParams(temperature=1.0, max_tokens=2, seed=0),
+        )
+    finally:
+        torch.set_num_threads(previous)
+    assert seen == [3, 2]
+
+
 def test_finished_rows_stop_and_keep_their_tokens():
     """A row that samples EOS stops (its later slots stay -1) while the others go on."""
     model, tok = tiny_model("llama", seed=0)
