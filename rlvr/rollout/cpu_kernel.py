@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels") / "decode_cpu.c"
 ABI = 5  # RLVR_DECODE_ABI in the C source; bump both when Ctx changes
+MAX_SLICES = 64  # MAX_SLICES in the C source: slices (threads) per job
 CFLAGS = [
     "-pthread",
     "-O3",
@@ -326,9 +327,8 @@ class KernelDecode:
         D = attn0.head_dim
         N = B * n
         self.N, self.B, self.n, self.C = N, B, n, C
-        self.keep: list[
-            torch.Tensor
-        ] = []  # every tensor whose address the C side holds
+        # Every tensor whose address the C side holds, kept alive for the request.
+        self.keep: list[torch.Tensor] = []
 
         def hold(t: torch.Tensor | None) -> int | None:
             if t is None:
@@ -391,7 +391,7 @@ class KernelDecode:
         least as many prompts as workers, each slice takes whole groups and prefills exactly its
         own prompts (no wait between prefill and decode, and a group's prompt keys stay in that
         core's cache); otherwise prompts and rows are split separately."""
-        workers = max(1, min(workers, self.N))
+        workers = max(1, min(workers, self.N, MAX_SLICES))
 
         def split(units: int) -> list[tuple[int, int]]:
             parts = min(workers, units)
@@ -426,19 +426,15 @@ def generate(run: KernelDecode, workers: int, stop_check=None) -> None:
     """Prefill and decode every row of ``run``: one job when there are no stop strings; otherwise
     one step per job, with ``stop_check(t)`` (which may clear rows of ``run.alive_N``) between."""
     own, slices = run.slices(workers)
-    C = run.C
-    first = BOTH if own else PREFILL
+    steps = run.C if stop_check is None else 1
+    if own:  # each slice prefills its own prompts, then decodes: one job
+        run.run(BOTH, slices, 0, steps)
+    else:  # rows read prompts prefilled by other slices: prefill must finish first
+        run.run(PREFILL, slices)
+        run.run(DECODE, slices, 0, steps)
     if stop_check is None:
-        if own:
-            run.run(BOTH, slices, 0, C)
-        else:
-            run.run(PREFILL, slices)
-            run.run(DECODE, slices, 0, C)
         return
-    run.run(first, slices, 0, 1)
-    if not own:
-        run.run(DECODE, slices, 0, 1)
-    for t in range(C):
+    for t in range(run.C):
         if t > 0:
             run.run(DECODE, slices, t, t + 1)
         if not stop_check(t):

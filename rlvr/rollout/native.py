@@ -60,9 +60,8 @@ from rlvr.rollout.common import (
 log = logging.getLogger(__name__)
 
 FAST_PATH_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-KEY_BUCKET = (
-    32  # decode attention's key length is rounded up to a multiple of this (see decode)
-)
+# Decode attention's key length is rounded up to a multiple of this (see decode).
+KEY_BUCKET = 32
 
 
 def _unwrap(model):
@@ -504,8 +503,8 @@ class NativeEngine:
         (never: the PyTorch decoders). Which one the last call used: ``last_decoder``.
       cpu_threads: the C kernel's row slices (default: ``torch.get_num_threads()`` at each call, one
         per core). For the PyTorch decoders, intra-op threads while sampling on CPU. "auto"
-        (default): 1 for models with hidden_size < 512, else torch's current setting. A decode step of a small model is hundreds of
-        ops of a few microseconds each; OpenMP's fork/join per op costs as much as the op, and on a
+        (default): 1 for models with hidden_size < 512, else torch's current setting. A decode step
+        of a small model is hundreds of ops of a few microseconds each; OpenMP's fork/join per op costs as much as the op, and on a
         shared machine a descheduled sibling thread stalls every op (measured on the 2-core dev box
         under load: a 64x96x96 matmul took 0.7 ms on 1 thread, 12 ms on 2). The previous setting is
         restored after each call, so the trainer's forward/backward keep their threads.
@@ -560,9 +559,8 @@ class NativeEngine:
                 f"cpu_kernel must be None (auto), True or False, got {cpu_kernel!r}."
             )
         self.cpu_kernel = cpu_kernel
-        self.last_decoder: str | None = (
-            None  # "kernel" or "torch": what the last call used
-        )
+        # "kernel" or "torch": which decoder the last call used.
+        self.last_decoder: str | None = None
         self._kernel_notes: set[str] = set()
 
     def _decoder(self):
