@@ -5,12 +5,13 @@
  * arithmetic. This file runs whole decode loops (every layer, the LM head and the sampler, for as
  * many steps as asked) for a slice of rows in one C call: no per-op dispatch, no Python, and the
  * rows of a slice need nothing from other slices, so the engine runs one slice per core with no
- * synchronisation at all (ctypes releases the GIL during the call).
+ * synchronisation inside a step (ctypes releases the GIL during the call).
  *
  * What it computes is the Hugging Face forward, up to float rounding (tested: every step's logits
  * against the forward, greedy tokens against `generate`): RMSNorm, q/k/v projections (+ biases,
- * as Qwen2 and Llama's attention_bias have; + Qwen3 per-head q/k RMSNorm), RoPE from a table the model's own rotary module built,
- * grouped-query attention, SiLU-gated MLP, final norm, LM head. Matmuls go through BLAS `sgemm_`
+ * as Qwen2 and Llama's attention_bias have; + Qwen3 per-head q/k RMSNorm), RoPE from a table the
+ * model's own rotary module built, grouped-query attention, SiLU-gated MLP (+ Llama's mlp_bias),
+ * final norm, LM head. Matmuls go through BLAS `sgemm_`
  * (MKL's, taken from the loaded libtorch) with one BLAS thread per slice, straight from the live
  * parameters (q, k and v write side by side into one activation through the output stride, so
  * nothing is copied); without BLAS a portable loop is used. `rlvr_prefill` runs the prompts the
@@ -56,7 +57,7 @@ enum { LW_NORM1, LW_WQ, LW_WK, LW_WV, LW_BQ, LW_BK, LW_BV, LW_QNORM, LW_KNORM, L
 typedef struct {
     int32_t L, E, H, Hkv, D, I, V;
     int32_t B, n, P, C;             /* prompts, rows per prompt, padded prompt length, max new */
-    int32_t greedy, has_qk_norm, n_eos, abi;
+    int32_t greedy, has_qk_norm, n_eos, abi; /* has_qk_norm: informational; NULL norms decide */
     float eps, scale, inv_temp;
     const float *embed;             /* [V, E] */
     const float *final_norm;        /* [E] */
