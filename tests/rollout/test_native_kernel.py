@@ -5,6 +5,10 @@ for) where it does not implement the model or the request exactly."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from rollout_models import tiny_model
@@ -215,3 +219,73 @@ def test_build_failure_is_reported_not_raised(tmp_path):
     assert path is None and "false" in why
     path, why = cpu_kernel.build("cc-that-does-not-exist-here", tmp_path)
     assert path is None and "failed" in why
+
+
+def test_concurrent_callers_and_a_forked_child_get_the_same_completions():
+    """The C side's thread team serves one job at a time (callers from two Python threads queue),
+    and a forked child (a DataLoader worker, say) starts a team of its own."""
+    import threading
+
+    model, tok = tiny_model("llama", seed=5)
+    prompts = [tok.encode(t) for t in ("1+1=", "22+33=", "9*9=")]
+    sampling = SamplingParams(temperature=1.0, max_tokens=8, seed=2)
+    want = [
+        c.token_ids
+        for c in make_engine("native", model, tok).generate(prompts, 4, sampling)
+    ]
+
+    got: dict[int, list] = {}
+
+    def call(i: int) -> None:
+        engine = make_engine("native", model, tok, cpu_threads=2)
+        got[i] = [c.token_ids for c in engine.generate(prompts, 4, sampling)]
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert got == {0: want, 1: want, 2: want}
+
+    # A forked child (os.fork, as a DataLoader worker is made) runs its own request: in a fresh
+    # interpreter, because whether a child forked from *this* one can run torch ops at all depends
+    # on what earlier tests did (GNU OpenMP cannot always run a parallel region in a child forked
+    # after the parent ran one: the PyTorch decoder with cpu_threads=5 alone hangs such a child).
+    proc = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.path.dirname(__file__),
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == "same", proc.stdout[-2000:]
+
+
+FORK_SCRIPT = """
+import os, sys, threading
+from rollout_models import tiny_model
+from rlvr.rollout import SamplingParams, make_engine
+
+model, tok = tiny_model("llama", seed=5)
+prompts = [tok.encode(t) for t in ("1+1=", "22+33=", "9*9=")]
+sampling = SamplingParams(temperature=1.0, max_tokens=8, seed=2)
+engine = make_engine("native", model, tok, cpu_threads=2)
+want = [c.token_ids for c in engine.generate(prompts, 4, sampling)]
+assert engine.last_decoder == "kernel"
+threads = [threading.Thread(target=engine.generate, args=(prompts, 4, sampling)) for _ in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+read_fd, write_fd = os.pipe()
+pid = os.fork()
+if pid == 0:
+    out = [c.token_ids for c in make_engine("native", model, tok, cpu_threads=2).generate(prompts, 4, sampling)]
+    os.write(write_fd, b"same" if out == want else b"different")
+    os._exit(0)
+os.close(write_fd)
+_, status = os.waitpid(pid, 0)
+print(os.read(read_fd, 64).decode() or f"child-status-{status}")
+"""

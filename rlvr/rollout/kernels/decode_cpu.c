@@ -624,6 +624,21 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* fork(): the parent holds `submit` across it (no job is mid-flight in the copy), and the child
+ * starts with no workers and fresh locks; the parent's waiting workers left the condition
+ * variable's state behind, which made a broadcast in the child hang. */
+static void atfork_prepare(void) { pthread_mutex_lock(&team.submit); }
+static void atfork_parent(void) { pthread_mutex_unlock(&team.submit); }
+static void atfork_child(void) {
+    pthread_mutex_init(&team.submit, NULL);
+    pthread_mutex_init(&team.m, NULL);
+    pthread_cond_init(&team.cv, NULL);
+    team.workers = 0;
+    team.pid = getpid();
+}
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void register_atfork(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
+
 /* Make sure `n` workers exist (slices 1..n). Returns how many there are. */
 static int grow(int n) {
     if (team.pid != getpid()) { team.workers = 0; team.pid = getpid(); }
@@ -644,6 +659,7 @@ static void keep_spinning(long ns) {
 
 /* Wake the team now (the job follows shortly): its cores are spinning by the time it arrives. */
 void rlvr_wake(int n_workers) {
+    pthread_once(&atfork_once, register_atfork);
     pthread_mutex_lock(&team.submit);
     grow(n_workers);
     keep_spinning(SPIN_NS);
@@ -659,6 +675,7 @@ void rlvr_wake(int n_workers) {
  * nonzero when a slice ran out of memory. */
 int rlvr_run(const Ctx *c, int kind, int n_slices, const int32_t *bounds, int t0, int t1) {
     if (n_slices < 1 || n_slices > MAX_SLICES) return -2;
+    pthread_once(&atfork_once, register_atfork);
     pthread_mutex_lock(&team.submit);
     if (grow(n_slices - 1) < n_slices - 1) n_slices = 1 + team.workers; /* cannot happen often */
     team.c = c;
