@@ -3,16 +3,17 @@
     python benchmarks/rollout.py --json                       # CPU, 2 threads: tiny + ~25M Llama
     python benchmarks/rollout.py --json --device cuda --dtype bfloat16 --models qwen2.5-0.5b
 
-Engines: ``hf`` (transformers.generate, TRL's default path, on ``--threads`` threads), ``hf-1thread``
-(the same on one thread: for a small model that is often the faster, and the requirement is read
-against the faster of the two, ``speedup_native_vs_best_hf``), ``native`` (rlvr's engine; on CPU
-its C decode loop, one row slice per thread) and ``native-torch`` (the same engine with
-``cpu_kernel=False``: its PyTorch decoder). Every engine runs the same prompts, G, sampling and seed, interleaved (hf, native, ...,
-hf, native, ...) so machine noise hits all alike; the medians and their ratios are what to read,
-not absolute times (``*_best``, the fastest repeat, is printed too: on a shared machine noise only
-adds time). ``effective_cores``: the big matmul's speed on all threads over one thread, i.e. how
-many cores the host really gave the run (a shared VM's two vCPUs were worth 1.3 at times).
-Request shape per model: ``SHAPES`` below. EOS is disabled (an unused token id) so every completion runs to ``max_tokens``: random-weight
+Engines: ``hf`` (transformers.generate, TRL's default path, on ``--threads`` threads),
+``hf-1thread`` (the same on one thread: for a small model that is often the faster, and the
+requirement is read against the faster of the two, ``speedup_native_vs_best_hf``), ``native``
+(rlvr's engine; on CPU its C decode loop, one row slice per thread) and ``native-torch`` (the same
+engine with ``cpu_kernel=False``: its PyTorch decoder). Every engine runs the same prompts, G,
+sampling and seed, interleaved (hf, native, ..., hf, native, ...) so machine noise hits all alike;
+the medians and their ratios are what to read, not absolute times (``*_best``, the fastest repeat,
+is printed too: on a shared machine noise only adds time). ``effective_cores``: the big matmul's
+speed on all threads over one thread, i.e. how many cores the host really gave the run (a shared
+VM's two vCPUs were worth 1.1-2.0 during one session). Request shape per model: ``SHAPES`` below.
+EOS is disabled (an unused token id) so every completion runs to ``max_tokens``: random-weight
 models would otherwise stop at random places and the two engines would do different amounts of work.
 
 ``matmul_bound_fraction`` = (2 · matmul params · generated tokens) / time / (FLOP/s of a large
@@ -221,7 +222,7 @@ def bench_model(name: str, args) -> dict:
     tokens: dict[str, int] = {}
     peak: dict[str, int] = {}
 
-    def timed(e: str, engine) -> float:
+    def timed(e: str, engine) -> tuple[float, list]:
         threads = torch.get_num_threads()
         torch.set_num_threads(ENGINE_THREADS.get(e, threads))
         try:
