@@ -677,7 +677,7 @@ int rlvr_run(const Ctx *c, int kind, int n_slices, const int32_t *bounds, int t0
     if (n_slices < 1 || n_slices > MAX_SLICES) return -2;
     pthread_once(&atfork_once, register_atfork);
     pthread_mutex_lock(&team.submit);
-    if (grow(n_slices - 1) < n_slices - 1) n_slices = 1 + team.workers; /* cannot happen often */
+    const int have = grow(n_slices - 1); /* fewer only if the system refused a thread */
     team.c = c;
     team.kind = kind;
     team.t0 = t0;
@@ -697,6 +697,7 @@ int rlvr_run(const Ctx *c, int kind, int n_slices, const int32_t *bounds, int t0
     pthread_cond_broadcast(&team.cv);
     pthread_mutex_unlock(&team.m);
     int rc = run_slice(0);
+    for (int i = have + 1; i < n_slices; ++i) rc |= run_slice(i); /* slices no worker exists for */
     /* wait for the other slices: spin briefly, then poll asleep (a spinning waiter would take a
      * core from the workers when the machine's cores are oversubscribed, as shared VMs are) */
     for (long spin_end = now_ns() + 50000; atomic_load(&team.pending) > 0;) {
