@@ -16,7 +16,8 @@ from rollout_models import tiny_model
 from rlvr.rollout import SamplingParams, cpu_kernel, make_engine
 from rlvr.rollout.common import left_pad
 
-# Skipped only where there is no C compiler at all; with one, a failed build fails these tests.
+# Skipped only where there is no C compiler at all (CI has gcc); with one, a failed build fails
+# these tests.
 pytestmark = pytest.mark.skipif(cpu_kernel._compiler() is None, reason="no C compiler")
 
 
@@ -24,9 +25,8 @@ def test_kernel_builds_and_uses_blas():
     lib, why = cpu_kernel.load()
     assert lib is not None, why
     sgemm, _, note = cpu_kernel.sgemm_pointers()
-    if (
-        torch.backends.mkl.is_available()
-    ):  # PyTorch's x86 wheels: MKL's sgemm_ is exported
+    # PyTorch's x86 wheels link MKL and export its sgemm_: there the kernel must be using it.
+    if torch.backends.mkl.is_available():
         assert sgemm is not None, note
 
 
