@@ -114,6 +114,17 @@ def stop_prefix_length(
     return hi
 
 
+def cut_at_eos(
+    token_ids: list[int], logprobs: list[float] | None, eos_ids: set[int]
+) -> tuple[list[int], list[float] | None, bool]:
+    """``(ids, logprobs, hit_eos)`` cut right after the first EOS, which stays (the trainer's
+    completion mask keeps it): what ``make_completion`` expects from a server's raw output."""
+    cut = next((i + 1 for i, t in enumerate(token_ids) if t in eos_ids), None)
+    if cut is None:
+        return token_ids, logprobs, False
+    return token_ids[:cut], None if logprobs is None else logprobs[:cut], True
+
+
 def make_completion(
     prompt_index: int,
     token_ids: list[int],

@@ -62,7 +62,12 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from rlvr.rollout.base import Completion, SamplingParams
-from rlvr.rollout.common import make_completion, resolve_eos_ids, validate_request
+from rlvr.rollout.common import (
+    cut_at_eos,
+    make_completion,
+    resolve_eos_ids,
+    validate_request,
+)
 
 #: Request/response conventions understood by ``dialect=``; see the module docstring.
 DIALECTS: tuple[str, ...] = ("openai", "llama-cpp-python")
@@ -268,15 +273,12 @@ class OpenAICompletionsEngine:
         eos = set(self.eos_ids)
         out = []
         for choice in choices:
-            ids, logprobs = self._choice_ids(choice)
-            cut = next((i + 1 for i, t in enumerate(ids) if t in eos), None)
-            if cut is not None:
-                ids, logprobs = ids[:cut], None if logprobs is None else logprobs[:cut]
+            ids, logprobs, hit_eos = cut_at_eos(*self._choice_ids(choice), eos)
             completion = make_completion(
                 index,
                 ids,
                 logprobs,
-                cut is not None,
+                hit_eos,
                 self.tokenizer,
                 sampling.stop,
                 extra={
@@ -286,7 +288,7 @@ class OpenAICompletionsEngine:
             )
             # A server may stop on its own EOS list (e.g. the GGUF's) that we do not know about.
             if (
-                cut is None
+                not hit_eos
                 and choice.get("finish_reason") == "stop"
                 and len(ids) < sampling.max_tokens
             ):

@@ -26,7 +26,12 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from rlvr.rollout.base import Completion, SamplingParams
-from rlvr.rollout.common import make_completion, resolve_eos_ids, validate_request
+from rlvr.rollout.common import (
+    cut_at_eos,
+    make_completion,
+    resolve_eos_ids,
+    validate_request,
+)
 from rlvr.rollout.openai import OpenAICompletionsEngine
 
 VLLM_MODES = ("colocate", "server")
@@ -220,18 +225,13 @@ class VLLMColocateEngine:
                     if out.logprobs
                     else None
                 )
-                cut = next((i + 1 for i, t in enumerate(ids) if t in eos), None)
-                if cut is not None:
-                    ids, logprobs = (
-                        ids[:cut],
-                        None if logprobs is None else logprobs[:cut],
-                    )
+                ids, logprobs, hit_eos = cut_at_eos(ids, logprobs, eos)
                 completions.append(
                     make_completion(
                         index,
                         ids,
                         logprobs,
-                        cut is not None,
+                        hit_eos,
                         self.tokenizer,
                         sampling.stop,
                         extra={"policy_version": self.version},
