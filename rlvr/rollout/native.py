@@ -622,6 +622,12 @@ class NativeEngine:
         sampler = TokenSampler(
             sampling, vocab_size, make_generator(sampling.seed, device)
         )
+        why_not = self._kernel_unavailable(sampler, device)
+        self.last_decoder = "torch" if why_not else "kernel"
+        if why_not is None:
+            return self._sample_kernel(
+                ids_BP, mask_BP, n, sampling, sampler.generator, workers
+            )
 
         tokens_NC = torch.full((N, C), -1, dtype=torch.long, device=device)
         logp_NC = torch.zeros((N, C), dtype=torch.float32, device=device)
@@ -636,12 +642,6 @@ class NativeEngine:
             seen_MV = seen_BV.repeat_interleave(n, dim=0)
 
         decoder = self._decoder()
-        why_not = self._kernel_unavailable(decoder, sampler, device)
-        self.last_decoder = "torch" if why_not else "kernel"
-        if why_not is None:
-            return self._sample_kernel(
-                ids_BP, mask_BP, n, sampling, sampler.generator, workers
-            )
         logits_BV = decoder.prefill(ids_BP, mask_BP, n, C)
         # The first token of every row comes from its prompt's last position; no decode step needed.
         logits_MV = logits_BV.repeat_interleave(n, dim=0)
@@ -698,14 +698,14 @@ class NativeEngine:
             decoder.release()
         return tokens_NC, logp_NC
 
-    def _kernel_unavailable(self, decoder, sampler, device) -> str | None:
+    def _kernel_unavailable(self, sampler, device) -> str | None:
         """None when ``kernels/decode_cpu.c`` will run this request, else why not (an error when
         ``cpu_kernel=True``; logged once per reason otherwise)."""
         if self.cpu_kernel is False:
             return "cpu_kernel=False"
         if device.type != "cpu":
             why = f"the model is on {device.type}"
-        elif not isinstance(decoder, LlamaFamilyDecoder):
+        elif not self.fast_path:
             why = "the model has no fast path (generic Hugging Face cache decoder)"
         elif sampler.filtered or sampler.use_penalty:
             why = "top-k / top-p / min-p / repetition penalty are sampled by the PyTorch decoder"
