@@ -38,7 +38,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels") / "decode_cpu.c"
-ABI = 5  # RLVR_DECODE_ABI in the C source; bump both when Ctx changes
+ABI = 6  # RLVR_DECODE_ABI in the C source; bump both when Ctx changes
 MAX_SLICES = 64  # MAX_SLICES in the C source: slices (threads) per job
 CFLAGS = [
     "-pthread",
@@ -60,7 +60,7 @@ class Ctx(ctypes.Structure):
             (name, ctypes.c_int32)
             for name in (
                 *("L", "E", "H", "Hkv", "D", "I", "V", "B", "n", "P", "C"),
-                *("greedy", "has_qk_norm", "n_eos", "abi"),
+                *("greedy", "n_eos", "abi"),
             )
         ]
         + [(name, ctypes.c_float) for name in ("eps", "scale", "inv_temp")]
@@ -373,8 +373,7 @@ class KernelDecode:
         self.ctx = Ctx(
             L=len(base.layers), E=cfg.hidden_size, H=H, Hkv=Hkv, D=D,
             I=base.layers[0].mlp.gate_proj.out_features, V=cfg.vocab_size,
-            B=B, n=n, P=P, C=C, greedy=int(greedy),
-            has_qk_norm=int(hasattr(attn0, "q_norm")), n_eos=len(eos_ids), abi=ABI,
+            B=B, n=n, P=P, C=C, greedy=int(greedy), n_eos=len(eos_ids), abi=ABI,
             eps=float(base.norm.variance_epsilon), scale=float(attn0.scaling),
             inv_temp=1.0 if greedy else 1.0 / sampling.temperature,
             embed=hold(base.embed_tokens.weight), final_norm=hold(base.norm.weight),

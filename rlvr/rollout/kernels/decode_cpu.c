@@ -57,7 +57,7 @@ enum { LW_NORM1, LW_WQ, LW_WK, LW_WV, LW_BQ, LW_BK, LW_BV, LW_QNORM, LW_KNORM, L
 typedef struct {
     int32_t L, E, H, Hkv, D, I, V;
     int32_t B, n, P, C;             /* prompts, rows per prompt, padded prompt length, max new */
-    int32_t greedy, has_qk_norm, n_eos, abi; /* has_qk_norm: informational; NULL norms decide */
+    int32_t greedy, n_eos, abi;
     float eps, scale, inv_temp;
     const float *embed;             /* [V, E] */
     const float *final_norm;        /* [E] */
@@ -77,7 +77,7 @@ typedef struct {
     float *all_logits;              /* [N, C, V] or NULL: every step's logits, for the tests */
 } Ctx;
 
-#define RLVR_DECODE_ABI 5
+#define RLVR_DECODE_ABI 6
 int rlvr_decode_abi(void) { return RLVR_DECODE_ABI; }
 
 /* e^x (Cephes' expf: Cody-Waite reduction, degree-5 polynomial, ~1 ulp; inputs clamped to
