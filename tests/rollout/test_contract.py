@@ -13,9 +13,8 @@ from rlvr.rollout import SamplingParams, make_engine
 
 BACKENDS = [
     pytest.param(("hf", {}), id="hf"),
-    pytest.param(
-        ("native", {}), id="native"
-    ),  # the C decode kernel (float32 Llama on CPU)
+    # "native" is the C decode kernel here (a float32 Llama on CPU); "native-torch" its PyTorch one.
+    pytest.param(("native", {}), id="native"),
     pytest.param(("native", {"cpu_kernel": False}), id="native-torch"),
     pytest.param(("native", {"fast_path": False}), id="native-generic"),
     pytest.param(("openai", {}), id="openai-local-server"),

@@ -69,7 +69,7 @@ def test_native_cpu_threads_are_restored(llama_and_tok, prompts):
 
     model, tok = llama_and_tok
     before = torch.get_num_threads()
-    engine = make_engine("native", model, tok)  # hidden 64 < 512: decodes on 1 thread
+    engine = make_engine("native", model, tok)  # hidden 64 < 512: PyTorch decoder on 1 thread
     assert engine.cpu_threads == 1
     torch.set_num_threads(2)
     try:

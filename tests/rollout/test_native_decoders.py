@@ -143,8 +143,12 @@ def test_unsupported_architecture_falls_back_or_errors():
     assert [c.token_ids for c in out] == [c.token_ids for c in ref]
 
 
-@pytest.mark.parametrize("fast_path", [True, False], ids=["fast", "generic"])
-def test_rows_finishing_at_different_steps_are_compacted_correctly(fast_path):
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"cpu_kernel": False}, {"fast_path": False}],
+    ids=["kernel", "fast", "generic"],
+)
+def test_rows_finishing_at_different_steps_are_compacted_correctly(options):
     """Many EOS ids make rows stop at scattered steps; with compact_fraction tiny, the batch is
     compacted after almost every step. Every surviving row must still see exactly its own cache:
     its log-probs equal the trainer's full-forward recompute, and nothing follows its first EOS."""
@@ -156,12 +160,13 @@ def test_rows_finishing_at_different_steps_are_compacted_correctly(fast_path):
     model.eval()
     eos = list(range(3, 33))  # ~35% of the vocabulary ends a completion
     engine = NativeEngine(
-        model, tok, eos_token_ids=eos, compact_fraction=0.01, fast_path=fast_path
+        model, tok, eos_token_ids=eos, compact_fraction=0.01, **options
     )
     prompts = [tok.encode("37+45="), tok.encode("8*9="), tok.encode("(2+3)*4=")]
     out = engine.generate(
         prompts, 6, SamplingParams(temperature=1.0, max_tokens=10, seed=0)
     )
+    assert engine.last_decoder == ("kernel" if not options else "torch")
     lengths = {len(c.token_ids) for c in out}
     assert len(lengths) >= 3, (
         f"rows should finish at different steps, got lengths {lengths}"

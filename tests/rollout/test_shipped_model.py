@@ -25,12 +25,13 @@ def shipped():
     ).eval(), AutoTokenizer.from_pretrained(path)
 
 
-def test_native_matches_generate_and_trainer_on_shipped_model(shipped):
+@pytest.mark.parametrize("cpu_kernel", [None, False], ids=["kernel", "torch"])
+def test_native_matches_generate_and_trainer_on_shipped_model(shipped, cpu_kernel):
     model, tok = shipped
     prompts = [tok.encode(p) for p in ("37+45=", "18+27=", "60+39=", "5+8=")]
     greedy = SamplingParams(temperature=0.0, max_tokens=8)
     ref = make_engine("hf", model, tok).generate(prompts, 1, greedy)
-    native = make_engine("native", model, tok)
+    native = make_engine("native", model, tok, cpu_kernel=cpu_kernel)
     assert [c.token_ids for c in native.generate(prompts, 1, greedy)] == [
         c.token_ids for c in ref
     ]
@@ -44,4 +45,5 @@ def test_native_matches_generate_and_trainer_on_shipped_model(shipped):
         assert c.logprobs == pytest.approx(
             trainer_logp(model, prompts[c.prompt_index], c.token_ids, 1.0), abs=2e-4
         )
+    assert native.last_decoder == ("torch" if cpu_kernel is False else "kernel")
     assert torch.is_inference_mode_enabled() is False
