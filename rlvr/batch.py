@@ -71,7 +71,7 @@ class PackedBatch:
     completion_ids_NT: torch.Tensor
     mask_NT: torch.Tensor  # 1 on real completion tokens (incl. the first EOS), float
     prompt_len: int  # P
-    sampler_logp_NT: torch.Tensor | None
+    sampler_logp_NT: torch.Tensor | None  # NaN on the rows of completions the engine reported no log-probs for
 
     @property
     def num_completion_tokens(self) -> int:
@@ -94,8 +94,10 @@ def pack(rollouts: Rollouts, pad_token_id: int, device: torch.device) -> PackedB
     ids_NL = torch.full((n, P + T), pad_token_id, dtype=torch.long)
     attn_NL = torch.zeros((n, P + T), dtype=torch.long)
     mask_NT = torch.zeros((n, T), dtype=torch.float32)
-    have_logp = all(c.logprobs is not None for c in rollouts.completions)
-    sampler_NT = torch.zeros((n, T), dtype=torch.float32) if have_logp else None
+    # An engine may report log-probs for some completions only (a server that dropped misaligned ones):
+    # those rows are NaN, which the mismatch metrics and the importance weights read as "not scored".
+    any_logp = any(c.logprobs is not None for c in rollouts.completions)
+    sampler_NT = torch.zeros((n, T), dtype=torch.float32) if any_logp else None
     for i, (p, c) in enumerate(zip(prompts, comps)):
         ids_NL[i, P - len(p): P] = torch.tensor(p, dtype=torch.long)  # prompt left-padded
         attn_NL[i, P - len(p): P] = 1
@@ -103,8 +105,10 @@ def pack(rollouts: Rollouts, pad_token_id: int, device: torch.device) -> PackedB
             ids_NL[i, P: P + len(c)] = torch.tensor(c, dtype=torch.long)  # completion right-padded
             attn_NL[i, P: P + len(c)] = 1
             mask_NT[i, : len(c)] = 1.0
-            if sampler_NT is not None:
-                sampler_NT[i, : len(c)] = torch.tensor(rollouts.completions[i].logprobs, dtype=torch.float32)
+        if sampler_NT is not None and rollouts.completions[i].logprobs is None:
+            sampler_NT[i] = float("nan")
+        elif sampler_NT is not None and c:
+            sampler_NT[i, : len(c)] = torch.tensor(rollouts.completions[i].logprobs, dtype=torch.float32)
     # Positions count real tokens only, as generation does: a left-padded prompt must see the same
     # rotary positions in training as when it was sampled, or trainer and sampler log-probs drift.
     pos_NL = (attn_NL.cumsum(-1) - 1).clamp(min=0)

@@ -204,7 +204,9 @@ def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, old_NT: torch.Ten
                     loss.backward()
                 metrics["loss"] = loss.detach()
                 if packed.sampler_logp_NT is not None:  # honest log-probs: sampler vs trainer, every step
-                    metrics.update(logprob_mismatch_metrics(packed.sampler_logp_NT[s], logp_NT.detach(), mask_NT[s]))
+                    sampler_NT = packed.sampler_logp_NT[s]
+                    scored_NT = mask_NT[s] * ~torch.isnan(sampler_NT)  # rows the engine gave no log-probs for: skipped
+                    metrics.update(logprob_mismatch_metrics(sampler_NT, logp_NT.detach(), scored_NT))
                 # One host sync per micro-batch, after backward: every metric in one stacked copy.
                 values = torch.stack([v.detach().float().reshape(()) for v in metrics.values()]).tolist()
                 for k, v in zip(metrics, values):
