@@ -85,8 +85,7 @@ def eval_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Greedy accuracy, pass@k at a temperature, mean length and truncation rate."""
-    from rlvr.evaluate import evaluate
-    from rlvr.eval_cli import resolve_eval
+    from rlvr.evaluate import evaluate, resolve_eval
 
     try:
         setup = resolve_eval(model, task, data, reward, n_prompts, max_tokens, backend)

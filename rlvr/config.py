@@ -269,7 +269,7 @@ class Config(_Section):
     @field_validator("rewards")
     @classmethod
     def _known_rewards(cls, specs: list[RewardSpec]) -> list[RewardSpec]:
-        from rlvr.scoring import reward_names
+        from rlvr.rewards.scoring import reward_names
 
         names = reward_names()
         for s in specs:
@@ -462,6 +462,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     tree = _merge(tree, parse_overrides(overrides or []))
     try:
         return Config.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e)) from None
+
+
+def override_config(tree: dict | None, overrides: list[str]) -> Config:
+    """A config tree (e.g. a run's resolved config.yaml, as a dict) with key=value overrides applied, validated."""
+    try:
+        return Config.model_validate(_merge(tree or {}, parse_overrides(overrides)))
     except ValidationError as e:
         raise ConfigError(format_validation_error(e)) from None
 

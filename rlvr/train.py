@@ -31,17 +31,17 @@ import torch
 from rlvr import core, distributed
 from rlvr.batch import PackedBatch, Rollouts, batch_metrics, completion_records, pack
 from rlvr.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from rlvr.components import (MetricLogger, PhaseTimer, build_optimizer, build_scheduler, load_model,
-                             load_tokenizer, write_run_header)
+from rlvr.builders import build_optimizer, build_scheduler, load_model, load_tokenizer
+from rlvr.collect import GroupFilter
 from rlvr.config import Config
 from rlvr.console import Console
-from rlvr.dapo import GroupFilter
-from rlvr.data import PromptStream, eval_rows
+from rlvr.diagnostics.sinks import MetricLogger, PhaseTimer, write_run_header
 from rlvr.evaluate import evaluate
-from rlvr.prompts import as_completion_payload, encode_prompts
+from rlvr.rewards.scoring import RewardFn, load_reward_functions, reward_specs, score
 from rlvr.rollout import check_mismatch, logprob_mismatch_metrics, make_engine
 from rlvr.rollout.base import RolloutEngine, SamplingParams
-from rlvr.scoring import RewardFn, load_reward_functions, reward_specs, score
+from rlvr.tasks.prompts import as_completion_payload, encode_prompts
+from rlvr.tasks.stream import PromptStream, eval_rows
 
 
 @dataclass

@@ -1,12 +1,13 @@
-"""Verdicts: what a checker decided and why (DESIGN.md §6).
+"""Verdicts: what a checker decided and why (docs/checkers.md).
 
 Reward functions keep TRL's signature ``f(prompts, completions, completion_ids, **columns) ->
 list[float | None]``. A *checker* reward function additionally exposes
 ``verdicts(prompts, completions, completion_ids, **columns) -> list[Verdict]``; the trainer calls
 that when present, uses ``Verdict.reward`` as the float, and hands the verdicts to diagnostics.
 
-Columns the trainer always passes besides the dataset's own: ``truncated: list[bool]`` (the
-completion hit ``max_completion_length``; strict checkers score those 0) and ``trainer_state``.
+The column the trainer always passes besides the dataset's own: ``truncated: list[bool]`` (the
+completion hit ``max_completion_length``; strict checkers score those 0). ``rlvr.rewards.scoring``
+loads reward functions from the config and calls them.
 """
 
 from __future__ import annotations
@@ -42,13 +43,13 @@ REWARDS: Registry = Registry("reward function")
 
 
 # ---------------------------------------------------------------------------------------------
-# Helpers shared by the built-in checkers (added by issue 5). Nothing above this line changed.
+# Helpers shared by the built-in checkers
 # ---------------------------------------------------------------------------------------------
 
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 
 def completion_text(completion: Any) -> str:
@@ -82,7 +83,7 @@ def completion_text(completion: Any) -> str:
 
 def row_columns(columns: dict[str, Any], n: int, i: int) -> dict[str, Any]:
     """Column values for completion ``i`` of ``n``: list columns of length n are indexed, others
-    (``trainer_state``, scalars) are passed through unchanged."""
+    (scalars) are passed through unchanged."""
     return {k: (v[i] if isinstance(v, (list, tuple)) and len(v) == n else v) for k, v in columns.items()}
 
 
@@ -129,5 +130,3 @@ class CheckerReward:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.__name__!r}, kind={self.kind!r})"
 
-
-RewardFn = Callable[..., list]

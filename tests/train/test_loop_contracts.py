@@ -10,7 +10,7 @@ import torch
 
 import rlvr.train as train_mod
 from rlvr.config import load_config
-from rlvr.scoring import RewardFunctionError
+from rlvr.rewards.scoring import RewardFunctionError
 from test_smoke import read_jsonl, smoke_overrides
 
 
