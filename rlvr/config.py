@@ -188,6 +188,22 @@ class RolloutConfig(_Section):
         return v
 
 
+def stale_sampler_problem(backend: str, engine_options: dict, allow_stale_sampler: bool,
+                          receives_weights: bool | None = None) -> str | None:
+    """The one stale-sampler rule, read from the engine's declared ``receives_weights`` capability (its
+    class's at config load; pass the built engine's own value to check again once it exists)."""
+    if receives_weights is None:
+        from rlvr.rollout import engine_class
+
+        receives_weights = engine_class(backend, engine_options).receives_weights
+    if receives_weights or allow_stale_sampler:
+        return None
+    return (f"rollout.backend={backend} cannot receive new weights after each step, so it samples from a stale "
+            "policy; set rollout.allow_stale_sampler=true to accept that (the lag is logged as policy_lag and "
+            "corrected by importance sampling; the openai engine's engine_options.reload_every=k bounds it), "
+            "or use a backend that takes weights (native, hf, vllm)")
+
+
 class TrainConfig(_Section):
     learning_rate: float = Field(
         3e-4, gt=0.0, description="Peak learning rate. 3e-4 suits the shipped 0.34M-parameter model (1e-3 "
@@ -304,12 +320,10 @@ class Config(_Section):
                 problems.append(f"unknown data.task {self.data.task!r}; valid choices: {', '.join(TASKS.names())}")
         if self.data.path is not None and not self.rewards:
             problems.append("a dataset from data.path needs `rewards:` (e.g. [{name: math}])")
-        if self.rollout.backend == "openai" and not self.rollout.allow_stale_sampler:
-            problems.append(
-                "rollout.backend=openai samples from a server that holds its own weights (a stale policy); "
-                "set rollout.allow_stale_sampler=true to accept that (the lag is logged and corrected by "
-                "importance sampling; engine_options.reload_every=k bounds it)"
-            )
+        stale = stale_sampler_problem(self.rollout.backend, self.rollout.engine_options,
+                                      self.rollout.allow_stale_sampler)
+        if stale:
+            problems.append(stale)
         if self.algo.loss_type == "cispo" and (self.algo.epsilon_high is None or self.algo.epsilon_high < 1.0):
             problems.append(
                 f"loss_type cispo caps the ratio at epsilon_high (eps_max), which is {self.algo.epsilon_high}; "

@@ -33,7 +33,7 @@ from rlvr.batch import PackedBatch, Rollouts, batch_metrics, completion_records,
 from rlvr.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlvr.builders import build_optimizer, build_scheduler, load_model, load_tokenizer
 from rlvr.collect import GroupFilter
-from rlvr.config import Config
+from rlvr.config import Config, stale_sampler_problem
 from rlvr.console import Console
 from rlvr.diagnostics.sinks import MetricLogger, PhaseTimer, write_run_header
 from rlvr.evaluate import evaluate
@@ -228,12 +228,12 @@ def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, old_NT: torch.Ten
 
 def sync(run: Run) -> None:
     """Hand new weights to an engine that keeps its own copy (vLLM); live engines need nothing. A stale
-    server (``policy_lag`` attribute) only counts the step, or reloads an export every k steps."""
+    server only counts the step, or reloads an export every k steps: while its ``policy_lag`` is above 0
+    it still serves older weights and engine_version stays where it was."""
     if not run.engine.samples_live_policy:
         run.engine.load_weights((n, p.detach()) for n, p in run.model.named_parameters())
-        if getattr(run.engine, "policy_lag", 0) > 0:
-            return  # the engine still serves older weights: engine_version stays where it was
-    run.engine_version = run.step
+    if run.engine.policy_lag == 0:
+        run.engine_version = run.step
 
 
 def log(run: Run, batch: Rollouts, adv_N: torch.Tensor, step_metrics: list[dict[str, float]]) -> None:
@@ -293,11 +293,10 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
         engine_options.setdefault("export_dir", str(run_dir / "policy-exports"))
         Path(engine_options["export_dir"]).mkdir(parents=True, exist_ok=True)
     engine = make_engine(cfg.rollout.backend, model, tokenizer, **engine_options)
-    if not getattr(engine, "receives_weights", True) and not cfg.rollout.allow_stale_sampler:
-        raise ValueError(
-            f"rollout backend {cfg.rollout.backend!r} cannot receive new weights, so it would sample from a "
-            "stale policy. Set rollout.allow_stale_sampler=true to accept that (the lag is logged as policy_lag "
-            "and corrected by importance sampling), or use a backend that takes weights (native, hf, vllm).")
+    stale = stale_sampler_problem(cfg.rollout.backend, engine_options, cfg.rollout.allow_stale_sampler,
+                                  receives_weights=engine.receives_weights)  # options may have changed it
+    if stale:
+        raise ValueError(stale)
     reward_fns = load_reward_functions(reward_specs(cfg))
     stream = PromptStream(cfg, d.rank, d.world)
     policy = distributed.wrap(model, d, device)

@@ -51,6 +51,8 @@ class HFEngine:
 
     samples_live_policy = True
     receives_weights = True  # trivially: it *is* the policy
+    reports_logprobs = True
+    policy_lag = 0
 
     def __init__(
         self, model, tokenizer, eos_token_ids: int | Sequence[int] | None = None

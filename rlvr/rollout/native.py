@@ -513,6 +513,8 @@ class NativeEngine:
 
     samples_live_policy = True
     receives_weights = True  # trivially: it *is* the policy
+    reports_logprobs = True
+    policy_lag = 0
 
     def __init__(
         self,

@@ -78,8 +78,11 @@ class OpenAICompletionsEngine:
 
     samples_live_policy = False
     #: False: ``load_weights`` cannot make the server current (a reload, when configured, lands only
-    #: every ``reload_every`` steps), so the trainer must require ``allow_stale_sampler: true``.
+    #: every ``reload_every`` steps), so the config must require ``allow_stale_sampler: true``.
     receives_weights = False
+    #: True: log-probs are requested with every completion; ones that do not align with the returned
+    #: tokens are dropped (that completion's ``logprobs`` is None).
+    reports_logprobs = True
 
     def __init__(
         self,
