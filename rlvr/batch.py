@@ -1,8 +1,8 @@
 """The data one generation batch carries from rollout to update.
 
 ``Rollouts`` holds python lists while groups are still being sampled, scored and (with DAPO's
-dynamic sampling) filtered; ``to_tensors`` packs the kept groups once, for the log-prob and update
-phases. Suffixes: B prompts, G group size, N = B·G completions, P prompt tokens (left-padded),
+dynamic sampling) filtered; ``pack`` turns the kept groups into tensors once, for the log-prob and
+update phases. Suffixes: B prompts, G group size, N = B·G completions, P prompt tokens (left-padded),
 T completion tokens (right-padded), K reward functions.
 """
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlvr import core
 from rlvr.rewards.base import Verdict
 from rlvr.rollout.base import Completion
 
@@ -58,7 +59,11 @@ class Rollouts:
         )
 
     def truncated_N(self) -> list[bool]:
-        return [c.finish_reason == "length" for c in self.completions]
+        return [c.truncated for c in self.completions]
+
+    def total_reward_N(self, weights_K: list[float]) -> torch.Tensor:
+        """Weighted reward per completion; NaN where no reward function could score it."""
+        return core.total_reward(self.rewards_NK, torch.tensor(weights_K, dtype=torch.float64))
 
 
 @dataclass
@@ -121,14 +126,13 @@ def pack(rollouts: Rollouts, pad_token_id: int, device: torch.device) -> PackedB
 def batch_metrics(batch: Rollouts, reward_fns: list, reward_errors: dict[str, int]) -> dict[str, float]:
     """TRL's reward and completion metrics for one generation batch (docs/metrics.md)."""
     rewards_NK, g = batch.rewards_NK, batch.group_size
-    weights_K = torch.tensor([rf.weight for rf in reward_fns], dtype=torch.float64)
-    total_N = torch.nansum(rewards_NK * weights_K, dim=1)
+    total_N = batch.total_reward_N([rf.weight for rf in reward_fns])  # unscorable rows NaN: left out of means
     lengths = torch.tensor([len(c.token_ids) for c in batch.completions], dtype=torch.float64)
     trunc = torch.tensor(batch.truncated_N())
     m: dict[str, float] = {
-        "reward": total_N.mean().item(),
-        "reward_std": total_N.view(-1, g).std(dim=1).mean().item(),
-        "frac_reward_zero_std": (total_N.view(-1, g).std(dim=1) < 1e-6).double().mean().item(),
+        "reward": total_N.nanmean().item(),
+        "reward_std": core.nanstd(total_N.view(-1, g), dim=1).nanmean().item(),
+        "frac_reward_zero_std": core.zero_spread(total_N, g).double().mean().item(),
         "completions/mean_length": lengths.mean().item(),
         "completions/min_length": lengths.min().item(),
         "completions/max_length": lengths.max().item(),
@@ -153,7 +157,7 @@ def completion_records(batch: Rollouts, reward_fns: list, adv_N: torch.Tensor, s
     """One JSON-able dict per completion: what diagnostics and the rollout record read
     (docs/rollout-record.md)."""
     g, out = batch.group_size, []
-    weights = [rf.weight for rf in reward_fns]
+    total_N = batch.total_reward_N([rf.weight for rf in reward_fns]).tolist()
     for i, c in enumerate(batch.completions):
         row, rw = batch.rows[i // g], batch.rewards_NK[i].tolist()
         v = batch.verdicts[i] if batch.verdicts else None
@@ -161,9 +165,9 @@ def completion_records(batch: Rollouts, reward_fns: list, adv_N: torch.Tensor, s
             "step": step, "prompt_id": str(row.get("prompt_id", i // g)), "group": i // g, "index": i % g,
             "prompt": row["prompt"] if isinstance(row["prompt"], str) else str(row["prompt"]),
             "completion": c.text, "n_tokens": len(c.token_ids), "finish_reason": c.finish_reason,
-            "truncated": c.finish_reason == "length",
+            "truncated": c.truncated,
             "rewards": {rf.name: (None if math.isnan(x) else x) for rf, x in zip(reward_fns, rw)},
-            "reward": sum(w * x for w, x in zip(weights, rw) if not math.isnan(x)),
+            "reward": None if math.isnan(total_N[i]) else total_N[i],
             "advantage": float(adv_N[i]), "correct": None if v is None else bool(v.correct),
             "verdict": None if v is None else v.to_dict(), "data_source": row.get("data_source"),
             "columns": {k: val for k, val in row.items() if k not in ("prompt", "prompt_id", "data_source")},

@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from rlvr.config import Config
+from rlvr import core
+from rlvr.config import AlgoConfig, Config
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -88,3 +89,12 @@ def build_scheduler(cfg: Config, optimizer: torch.optim.Optimizer) -> torch.opti
         return 1.0
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def build_loss_settings(algo: AlgoConfig) -> core.LossSettings:
+    """The config's loss choices as ``rlvr.core``'s plain settings (core takes no config objects)."""
+    return core.LossSettings(
+        loss_type=algo.loss_type, beta=algo.beta, epsilon=algo.epsilon, epsilon_high=algo.epsilon_high,
+        delta=algo.delta, importance_sampling_level=algo.importance_sampling_level, kl_estimator=algo.kl_estimator,
+        kl_bias_correction=algo.use_bias_correction_kl, sapo_temperature_pos=algo.sapo_temperature_pos,
+        sapo_temperature_neg=algo.sapo_temperature_neg, top_entropy_quantile=algo.top_entropy_quantile)

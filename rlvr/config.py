@@ -233,7 +233,8 @@ class TrainConfig(_Section):
     )
 
     @property
-    def spg(self) -> int:
+    def micro_batches_per_generation(self) -> int:
+        """steps_per_generation resolved: micro-batches one generation batch is cut into."""
         return self.steps_per_generation or self.gradient_accumulation_steps
 
 
@@ -299,17 +300,18 @@ class Config(_Section):
     @model_validator(mode="after")
     def _consistent(self) -> "Config":
         g, t = self.rollout.num_generations, self.train
+        steps_per_generation = t.micro_batches_per_generation
         problems = []
-        if t.per_device_train_batch_size * t.spg % g:
+        if t.per_device_train_batch_size * steps_per_generation % g:
             problems.append(
                 f"the generation batch (per_device_train_batch_size {t.per_device_train_batch_size} x "
-                f"steps_per_generation {t.spg}) must be divisible by rollout.num_generations {g}: "
+                f"steps_per_generation {steps_per_generation}) must be divisible by rollout.num_generations {g}: "
                 "each prompt's group must be whole"
             )
-        if t.spg % t.gradient_accumulation_steps:
+        if steps_per_generation % t.gradient_accumulation_steps:
             problems.append(
-                f"train.steps_per_generation ({t.spg}) must be a multiple of gradient_accumulation_steps "
-                f"({t.gradient_accumulation_steps})"
+                f"train.steps_per_generation ({steps_per_generation}) must be a multiple of "
+                f"gradient_accumulation_steps ({t.gradient_accumulation_steps})"
             )
         if self.data.path is None and self.data.task is None:
             problems.append("set data.path (a dataset file) or data.task (a built-in task)")
@@ -339,7 +341,7 @@ class Config(_Section):
     @property
     def generation_batch_size(self) -> int:
         """Completions per generation batch (N = B·G), on one process."""
-        return self.train.per_device_train_batch_size * self.train.spg
+        return self.train.per_device_train_batch_size * self.train.micro_batches_per_generation
 
     @property
     def prompts_per_generation(self) -> int:

@@ -68,7 +68,7 @@ def evaluate(
         part = rows[start: start + max(1, chunk // n)]
         prompts = [r["prompt"] for r in part]
         comps = engine.generate(encode_prompts(tokenizer, prompts, max_prompt_length), n, sampling)
-        trunc = [c.finish_reason == "length" for c in comps]
+        trunc = [c.truncated for c in comps]
         cols = {k: [r.get(k) for r in part for _ in range(n)] for k in part[0] if k != "prompt"}
         cols["truncated"] = trunc
         flat_prompts = [p for p in prompts for _ in range(n)]

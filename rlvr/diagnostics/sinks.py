@@ -68,6 +68,12 @@ class MetricLogger:
 
             self._wandb = wandb.init(project="rlvr", dir=str(run_dir), config=cfg.model_dump(mode="json"))
 
+    def truncate_after(self, step: int) -> None:
+        """Drop metrics.jsonl lines past ``step``: what a killed attempt wrote after its last checkpoint."""
+        if self.path.exists():
+            lines = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
+            self.path.write_text("".join(ln + "\n" for ln in lines))
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps({"step": step, **metrics}) + "\n")

@@ -50,6 +50,11 @@ class Completion:
     logprobs: list[float] | None = None
     extra: dict = field(default_factory=dict)
 
+    @property
+    def truncated(self) -> bool:
+        """Hit ``max_tokens`` before an EOS or stop string: the one definition of truncation."""
+        return self.finish_reason == "length"
+
 
 @runtime_checkable
 class RolloutEngine(Protocol):

@@ -10,7 +10,7 @@ import torch
 import rlvr.train as train_mod
 from rlvr.batch import Rollouts
 from rlvr.config import DapoConfig, load_config
-from rlvr.collect import GroupFilter, group_outcomes
+from rlvr.dynamic_sampling import GroupFilter, group_outcomes
 from rlvr.rollout.base import Completion
 from test_smoke import read_jsonl, smoke_overrides
 
