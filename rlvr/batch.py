@@ -82,6 +82,10 @@ class PackedBatch:
     def num_completion_tokens(self) -> int:
         return self.completion_ids_NT.shape[1]
 
+    def micro_batches(self, size: int) -> list[slice]:
+        """Row slices of ``size`` completions (the last may be shorter)."""
+        return [slice(i, i + size) for i in range(0, self.input_ids_NL.shape[0], size)]
+
     def rows(self, idx: slice) -> "PackedBatch":
         return PackedBatch(
             self.input_ids_NL[idx], self.attention_mask_NL[idx], self.position_ids_NL[idx],

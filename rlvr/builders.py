@@ -6,13 +6,15 @@ No registries: anyone copying the loop can swap one of these. What the run write
 
 from __future__ import annotations
 
+import inspect
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlvr import core
-from rlvr.config import AlgoConfig, Config
+from rlvr.config import AlgoConfig, Config, stale_sampler_problem
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -98,3 +100,19 @@ def build_loss_settings(algo: AlgoConfig) -> core.LossSettings:
         delta=algo.delta, importance_sampling_level=algo.importance_sampling_level, kl_estimator=algo.kl_estimator,
         kl_bias_correction=algo.use_bias_correction_kl, sapo_temperature_pos=algo.sapo_temperature_pos,
         sapo_temperature_neg=algo.sapo_temperature_neg, top_entropy_quantile=algo.top_entropy_quantile)
+
+
+def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, run_dir: Path) -> Any:
+    """The rollout engine of ``rollout.backend``; refuses a stale sampler the config did not allow."""
+    from rlvr.rollout import engine_class, make_engine
+
+    options = dict(cfg.rollout.engine_options)
+    if "export_dir" in inspect.signature(engine_class(cfg.rollout.backend, options)).parameters:
+        options.setdefault("export_dir", str(run_dir / "policy-exports"))  # a reloading server's policy exports
+        Path(options["export_dir"]).mkdir(parents=True, exist_ok=True)
+    engine = make_engine(cfg.rollout.backend, model, tokenizer, **options)
+    stale = stale_sampler_problem(cfg.rollout.backend, options, cfg.rollout.allow_stale_sampler,
+                                  receives_weights=engine.receives_weights)  # options may have changed it
+    if stale:
+        raise ValueError(stale)
+    return engine

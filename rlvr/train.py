@@ -6,16 +6,8 @@ Each phase is one function below, timed as ``timing/<phase>``, and returns what 
 ``train(cfg)`` reads top to bottom; copy it if you need a different loop. The math lives in
 ``rlvr.core`` (pure tensor functions), the checkers in ``rlvr.rewards``, sampling behind
 ``rlvr.rollout.RolloutEngine``, whose declared capabilities are all the loop asks of an engine.
-
-Units (TRL's): a *generation batch* holds ``per_device_train_batch_size x steps_per_generation``
-completions, B = that / G prompts. It is cut into ``steps_per_generation`` micro-batches;
-``gradient_accumulation_steps`` micro-batches make one optimizer step; the whole batch is
-reused ``num_iterations`` times. ``max_steps``, ``save_steps`` and ``logging_steps`` count
-optimizer steps. Checkpoints are taken between generation batches.
-
-Many processes (``torchrun``, rlvr/distributed.py): every rank runs this same loop on its own
-disjoint prompts, so a generation batch is world x that many completions; groups stay whole on one
-rank, gradients are averaged by DDP, and rank 0 alone logs, evaluates and writes the run folder.
+Units (TRL's: generation batch, micro-batch, optimizer step) and what changes with several processes
+(``torchrun``: disjoint prompts per rank, groups whole on one rank, rank 0 logs) are in the architecture page.
 """
 
 from __future__ import annotations
@@ -30,15 +22,16 @@ import torch
 
 from rlvr import core, distributed
 from rlvr.batch import PackedBatch, Rollouts, batch_metrics, completion_records, pack
-from rlvr.builders import build_loss_settings, build_optimizer, build_scheduler, load_model, load_tokenizer
-from rlvr.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from rlvr.config import Config, stale_sampler_problem
+from rlvr.builders import (build_engine, build_loss_settings, build_optimizer, build_scheduler, load_model,
+                           load_tokenizer)
+from rlvr.checkpoint import resume_run, save_run
+from rlvr.config import Config
 from rlvr.console import Console
 from rlvr.diagnostics.sinks import MetricLogger, PhaseTimer, write_run_header
 from rlvr.dynamic_sampling import GroupFilter
 from rlvr.evaluate import evaluate
 from rlvr.rewards.scoring import RewardFn, load_reward_functions, reward_specs, score
-from rlvr.rollout import check_mismatch, logprob_mismatch_metrics, make_engine
+from rlvr.rollout import check_mismatch, logprob_mismatch_metrics
 from rlvr.rollout.base import RolloutEngine, SamplingParams
 from rlvr.tasks.prompts import as_completion_payload, encode_prompts
 from rlvr.tasks.stream import PromptStream, eval_rows
@@ -171,10 +164,6 @@ def completion_logprobs(run: Run, model: torch.nn.Module, mb: PackedBatch,
     return logp_NT, ent_NT
 
 
-def micro_batches(n: int, size: int) -> list[slice]:
-    return [slice(i, i + size) for i in range(0, n, size)]
-
-
 @torch.no_grad()
 def logprobs(run: Run, packed: PackedBatch, truncated_N: torch.Tensor) -> LogProbs:
     """old_logp (only when the ratio can differ from 1) and ref_logp (only when beta > 0), each one extra
@@ -183,7 +172,7 @@ def logprobs(run: Run, packed: PackedBatch, truncated_N: torch.Tensor) -> LogPro
     needs_old = (algo.num_iterations > 1 or cfg.train.micro_batches_per_generation > cfg.train.gradient_accumulation_steps
                  or not engine.samples_live_policy)
     old_NT = ref_NT = None
-    mbs = micro_batches(packed.input_ids_NL.shape[0], cfg.train.per_device_train_batch_size)
+    mbs = packed.micro_batches(cfg.train.per_device_train_batch_size)
     if needs_old:
         was_training = run.model.training
         run.model.eval()
@@ -221,7 +210,7 @@ def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, lp: LogProbs) -> 
         max_completion_length=cfg.rollout.max_completion_length)
     rows = lambda x, s: None if x is None else x[s]  # noqa: E731 - a micro-batch's rows of an optional tensor
     step_metrics = []
-    mbs = micro_batches(packed.input_ids_NL.shape[0], train_cfg.per_device_train_batch_size)
+    mbs = packed.micro_batches(train_cfg.per_device_train_batch_size)
     for _ in range(cfg.algo.num_iterations):
         for first in range(0, len(mbs), accumulation):
             sums: dict[str, float] = {}
@@ -305,7 +294,6 @@ def log(run: Run, batch: Rollouts, adv_N: torch.Tensor, step_metrics: list[dict[
 
 def setup(cfg: Config, console: Console | None = None) -> Run:
     from rlvr.diagnostics import Diagnostics
-    from rlvr.diagnostics.header import run_fingerprints
 
     d, device = distributed.init()
     console = console or Console(enabled=cfg.log.progress and d.is_main)
@@ -319,15 +307,7 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
     model = load_model(cfg, device)
     # beta = 0 loads no reference model (TRL default); with LoRA the base model is the reference.
     ref_model = load_model(cfg, device, trainable=False) if cfg.algo.beta > 0 and not cfg.model.lora.enabled else None
-    engine_options = dict(cfg.rollout.engine_options)
-    if cfg.rollout.backend == "openai":  # policy exports for a reloading server live in the run folder
-        engine_options.setdefault("export_dir", str(run_dir / "policy-exports"))
-        Path(engine_options["export_dir"]).mkdir(parents=True, exist_ok=True)
-    engine = make_engine(cfg.rollout.backend, model, tokenizer, **engine_options)
-    stale = stale_sampler_problem(cfg.rollout.backend, engine_options, cfg.rollout.allow_stale_sampler,
-                                  receives_weights=engine.receives_weights)  # options may have changed it
-    if stale:
-        raise ValueError(stale)
+    engine = build_engine(cfg, model, tokenizer, run_dir)
     reward_fns = load_reward_functions(reward_specs(cfg))
     stream = PromptStream(cfg, d.rank, d.world)
     policy = distributed.wrap(model, d, device)
@@ -338,13 +318,8 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
                               reward_funcs={rf.name: rf.fn for rf in reward_fns},
                               record_rollouts=cfg.log.record_rollouts and d.is_main,
                               samples_per_class=cfg.log.samples_per_class, console=console.raw)
-    # Fingerprints say which data and checkers made this run: a file dataset whole, a task's stream by
-    # its first 1,000 rows (same seed and options => same stream), plus the held-out rows.
-    if d.is_main:
-        fp_rows = stream.peek(1000) + eval_rows(cfg)
-        write_run_header(run_dir, cfg, {"rewards": [rf.name for rf in reward_fns], "device": str(device),
-                                        "num_processes": d.world,
-                                        **run_fingerprints(fp_rows, {rf.name: rf.fn for rf in reward_fns})})
+    if d.is_main:  # which data, checkers, machine and decoder made this run
+        write_run_header(run_dir, cfg, stream, reward_fns, {"device": str(device), "num_processes": d.world})
     weights_K = torch.tensor([rf.weight for rf in reward_fns], dtype=torch.float64)
     group_filter = (GroupFilter(cfg.dapo, cfg.rollout.num_generations, cfg.train.seed, weights_K, warn=console.warn)
                     if cfg.dapo.dynamic_sampling or cfg.dapo.skip_solved_prompts else None)
@@ -352,34 +327,12 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
                scheduler, diagnostics, group_filter, MetricLogger(run_dir, cfg) if d.is_main else None, console)
 
 
-def save(run: Run) -> Path:
-    """Every rank calls this: its data position, counters and RNG go into the checkpoint beside rank 0's."""
-    state = {"step": run.step, "engine_version": run.engine_version, "diagnostics": run.diagnostics.state_dict()}
-    rank_state = {"generation": run.generation, "stream": run.stream.state_dict(), "reward_errors": run.reward_errors,
-                  "group_filter": None if run.group_filter is None else run.group_filter.state_dict()}
-    return save_checkpoint(run.run_dir / "checkpoints", run.step, run.model, run.optimizer, run.scheduler,
-                           state, keep=run.cfg.log.save_total_limit, rank_state=rank_state,
-                           rank=run.dist.rank, world=run.dist.world)
-
-
 def maybe_resume(run: Run) -> None:
-    if run.cfg.resume is False:
-        return
-    path = latest_checkpoint(run.run_dir / "checkpoints") if run.cfg.resume is True else Path(run.cfg.resume)
-    if path is None:
-        run.console.info(f"resume: no checkpoint in {run.run_dir / 'checkpoints'} yet; starting fresh")
-        return
-    state, mine = load_checkpoint(path, run.model, run.optimizer, run.scheduler, run.dist.rank, run.dist.world)
-    run.step, run.generation, run.engine_version = state["step"], mine["generation"], state["engine_version"]
-    run.stream.load_state_dict(mine["stream"])
-    run.diagnostics.load_state_dict(state["diagnostics"])
-    if run.group_filter is not None and mine.get("group_filter") is not None:
-        run.group_filter.load_state_dict(mine["group_filter"])
-    run.reward_errors = mine["reward_errors"]
-    if run.dist.is_main:
-        run.logger.truncate_after(run.step)  # lines the killed attempt wrote after the checkpoint
-    sync(run)
-    run.console.info(f"resumed from {path} at step {run.step}")
+    """Restore the newest (or the named) checkpoint when ``resume`` asks for it; hand the engine the weights."""
+    path = resume_run(run)
+    if path is not None:
+        sync(run)
+        run.console.info(f"resumed from {path} at step {run.step}")
 
 
 def run_eval(run: Run, label: str) -> dict[str, float]:
@@ -419,7 +372,7 @@ def train(cfg: Config, console: Console | None = None) -> dict:
         if cfg.log.eval_steps and run.step // cfg.log.eval_steps > step_before // cfg.log.eval_steps:
             run_eval(run, "during")
         if run.step // cfg.log.save_steps > step_before // cfg.log.save_steps or run.step >= cfg.train.max_steps:
-            save(run)
+            save_run(run)
     after = run_eval(run, "after") if cfg.log.eval_before_after else {}
     digests = distributed.check_in_sync(run.model, run.dist)  # one gather of a hash; raises if ranks diverged
     if run.dist.is_main:

@@ -29,10 +29,17 @@ def _git_revision() -> str | None:
         return None
 
 
-def write_run_header(run_dir: Path, cfg: Config, extra: dict[str, Any]) -> None:
+def write_run_header(run_dir: Path, cfg: Config, stream: Any, reward_fns: list, extra: dict[str, Any]) -> None:
+    """header.json and config.yaml. Fingerprints say which data and checkers made this run: a file dataset
+    whole, a task's stream by its first 1,000 rows (same seed and options => same stream), plus the
+    held-out rows."""
     import transformers
 
     import rlvr
+    from rlvr.diagnostics.header import run_fingerprints
+    from rlvr.tasks.stream import eval_rows
+
+    fingerprints = run_fingerprints(stream.peek(1000) + eval_rows(cfg), {rf.name: rf.fn for rf in reward_fns})
 
     header = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -44,7 +51,9 @@ def write_run_header(run_dir: Path, cfg: Config, extra: dict[str, Any]) -> None:
                     "torch_threads": torch.get_num_threads(),
                     "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
         "config": cfg.model_dump(mode="json"),
+        "rewards": [rf.name for rf in reward_fns],
         **extra,
+        **fingerprints,
     }
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     (run_dir / "header.json").write_text(json.dumps(header, indent=2, default=str))
