@@ -97,6 +97,10 @@ class CheckerReward:
 
     kind: str = "correctness"
     gold_column: str | None = None
+    #: False when the gold column is only shown to diagnostics and ``check`` never reads it.
+    gold_required: bool = True
+    #: Columns ``check`` reads from its row: each must be present with one value per completion.
+    required_columns: tuple[str, ...] = ()
 
     def __init__(self, name: str):
         self.__name__ = name
@@ -116,12 +120,21 @@ class CheckerReward:
 
     def verdicts(self, prompts: Sequence[Any] | None, completions: Sequence[Any], completion_ids: Sequence[Sequence[int]] | None = None, **columns: Any) -> list[Verdict]:
         n = len(completions)
-        if self.gold_column is not None and self.gold_column not in columns:
+        if self.gold_required and self.gold_column is not None and self.gold_column not in columns:
             raise KeyError(
                 f"reward {self.__name__!r} reads the gold answer from column {self.gold_column!r}, which the "
                 f"dataset does not have (columns: {', '.join(sorted(columns)) or 'none'}); rename the column or "
                 f"pass gold_column=<name> to the reward"
             )
+        for name in self.required_columns:
+            if columns.get(name) is None:
+                raise KeyError(
+                    f"reward {self.__name__!r} needs the column {name!r}, but the call only has "
+                    f"{sorted(columns)}; keep that column in the dataset"
+                )
+            if not isinstance(columns[name], (list, tuple)) or len(columns[name]) != n:
+                raise ValueError(f"reward {self.__name__!r}: column {name!r} must hold one value per completion "
+                                 f"({n}), got {columns[name]!r:.80}")
         return [self._checked(c, row_columns(columns, n, i)) for i, c in enumerate(completions)]
 
     def __call__(self, prompts: Sequence[Any] | None, completions: Sequence[Any], completion_ids: Sequence[Sequence[int]] | None = None, **columns: Any) -> list[float | None]:
