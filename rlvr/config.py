@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -27,6 +27,21 @@ class ConfigError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def registered_choices(field: str) -> tuple[str, ...]:
+    """The valid values of an algorithm field, read from the registry that implements them (``rlvr.core``):
+    registering a new estimator or mode there makes it valid here, with no config edit."""
+    from rlvr import core
+
+    return tuple({
+        "loss_type": core.loss_type_names(),
+        "importance_sampling_level": core.IMPORTANCE_SAMPLING_LEVELS,
+        "scale_rewards": core.SCALE_REWARDS,
+        "advantage_estimator": core.ADVANTAGE_ESTIMATORS.names(),
+        "kl_estimator": core.KL_ESTIMATORS.names(),
+        "sampler_importance_sampling_mode": core.SAMPLER_IS_MODES,
+    }[field])
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,7 +118,9 @@ class RewardSpec(_Section):
 class AlgoConfig(_Section):
     loss_type: str = Field(
         "dapo",
-        description="Objective preset: grpo, bnpo, dr_grpo, dapo, gspo, cispo, sapo, luspo (docs/algorithms.md).",
+        description="Objective preset: grpo, bnpo, dr_grpo, dapo, gspo, cispo, sapo, luspo (docs/algorithms.md). "
+        "'dapo' here is DAPO's token-level loss aggregation only; DAPO's dynamic sampling is the separate "
+        "`dapo:` section.",
     )
     beta: float = Field(0.0, ge=0.0, description="KL coefficient. 0 = no reference model is loaded (TRL default).")
     epsilon: float = Field(0.2, gt=0.0, description="Lower clip range: ratio clipped at 1 - epsilon.")
@@ -112,14 +129,14 @@ class AlgoConfig(_Section):
         "For cispo it is the absolute cap on the ratio, eps_max (TRL's meaning; 5.0 is the usual value)."
     )
     delta: float | None = Field(None, gt=1.0, description="Two-sided clip: cap the unclipped ratio at delta.")
-    importance_sampling_level: Literal["token", "sequence"] | None = Field(
+    importance_sampling_level: str | None = Field(
         None, description="Importance ratio per token or per sequence (GSPO's length-normalised ratio); "
         "None = the preset's own level (sequence for gspo and luspo, token otherwise)."
     )
-    scale_rewards: Literal["group", "batch", "none"] = Field(
+    scale_rewards: str = Field(
         "group", description="Divide centred rewards by the group std, the batch std, or not at all (Dr. GRPO)."
     )
-    advantage_estimator: Literal["grpo", "rloo"] = Field(
+    advantage_estimator: str = Field(
         "grpo", description="Baseline: group mean (grpo) or leave-one-out mean (rloo)."
     )
     num_iterations: int = Field(1, ge=1, description="Updates per generation batch (PPO's mu).")
@@ -129,7 +146,7 @@ class AlgoConfig(_Section):
     top_entropy_quantile: float = Field(
         1.0, gt=0.0, le=1.0, description="Train only on the top-q highest-entropy tokens (1.0 = all)."
     )
-    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator (Schulman).")
+    kl_estimator: str = Field("k3", description="Per-token KL estimator (Schulman): k1, k2 or k3.")
     use_bias_correction_kl: bool = Field(
         True, description="Multiply the k3 KL by the importance ratio (TRL default)."
     )
@@ -139,22 +156,22 @@ class AlgoConfig(_Section):
         "(TRL's vllm_importance_sampling_correction). Only acts when the engine reports log-probs "
         "that can differ from the trainer's (vLLM, stale servers).",
     )
-    sampler_importance_sampling_mode: Literal[
-        "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
-    ] = Field("sequence_mask", description="How the sampler importance weights are applied.")
+    sampler_importance_sampling_mode: str = Field(
+        "sequence_mask", description="How the sampler importance weights are applied: token_truncate, token_mask, "
+        "sequence_truncate or sequence_mask (TRL's vllm_importance_sampling_mode)."
+    )
     sampler_importance_sampling_clip_max: float | None = Field(3.0, description="Upper bound on the weights.")
     sampler_importance_sampling_clip_min: float | None = Field(None, description="Lower bound (mask modes).")
     sapo_temperature_pos: float = Field(1.0, gt=0.0, description="SAPO gate temperature for positive advantages.")
     sapo_temperature_neg: float = Field(1.05, gt=0.0, description="SAPO gate temperature for negative advantages.")
 
-    @field_validator("loss_type")
+    @field_validator("loss_type", "importance_sampling_level", "scale_rewards", "advantage_estimator",
+                     "kl_estimator", "sampler_importance_sampling_mode")
     @classmethod
-    def _known_loss(cls, v: str) -> str:
-        from rlvr.core import loss_type_names
-
-        names = loss_type_names()
-        if v not in names:
-            raise ValueError(f"unknown loss_type {v!r}; valid choices: {', '.join(names)}")
+    def _registered(cls, v: str | None, info: ValidationInfo) -> str | None:
+        names = registered_choices(info.field_name)
+        if v is not None and v not in names:
+            raise ValueError(f"unknown {info.field_name} {v!r}; valid choices: {', '.join(names)}")
         return v
 
 
@@ -239,8 +256,12 @@ class TrainConfig(_Section):
 
 
 class DapoConfig(_Section):
+    """DAPO's dynamic sampling and prompt skipping: which groups a generation batch keeps (batch assembly).
+    Independent of the loss: `algo.loss_type=dapo` (the default preset) does not turn any of this on."""
+
     dynamic_sampling: bool = Field(
-        False, description="Drop zero-spread groups and sample more prompts until the batch is full (DAPO)."
+        False, description="Drop zero-spread groups and sample more prompts until the batch is full (DAPO's "
+        "dynamic sampling; not the `dapo` loss preset)."
     )
     max_generation_rounds: int = Field(4, ge=1, description="Sampling rounds per batch before training on what there is.")
     oversample_factor: float = Field(1.0, ge=1.0, description="Prompts drawn per round, as a multiple of the need.")
@@ -326,10 +347,14 @@ class Config(_Section):
                                       self.rollout.allow_stale_sampler)
         if stale:
             problems.append(stale)
-        if self.algo.loss_type == "cispo" and (self.algo.epsilon_high is None or self.algo.epsilon_high < 1.0):
+        from rlvr.core import LOSS_TYPES
+
+        min_cap, algo = LOSS_TYPES.get(self.algo.loss_type).min_epsilon_high, self.algo
+        if min_cap is not None and (algo.epsilon_high is None or algo.epsilon_high < min_cap):
             problems.append(
-                f"loss_type cispo caps the ratio at epsilon_high (eps_max), which is {self.algo.epsilon_high}; "
-                "a cap below 1 stops every token from learning. Set algo.epsilon_high (5.0 in MiniMax-M1/ScaleRL)"
+                f"loss_type {algo.loss_type} caps the ratio at epsilon_high (eps_max), which is {algo.epsilon_high}; "
+                f"a cap below {min_cap:g} stops every token from learning. Set algo.epsilon_high (5.0 in "
+                "MiniMax-M1/ScaleRL)"
             )
         if self.algo.epsilon >= 1.0:
             problems.append(f"algo.epsilon {self.algo.epsilon} must be < 1 (the ratio is clipped at 1 - epsilon)")
@@ -506,6 +531,8 @@ def _option_sections(model: type[BaseModel] | None = None, prefix: str = "") -> 
         else:
             own.append((f"{prefix}{name}", f.get_default(call_default_factory=True), f.description or ""))
     title = f"`{prefix[:-1]}`" if prefix else "top level"
+    if own and prefix and "__doc__" in vars(model) and model.__doc__:  # a section's own docstring introduces it
+        title += "\n\n" + " ".join(model.__doc__.split())
     return ([(title, own)] if own else []) + subs
 
 

@@ -40,6 +40,9 @@ class LossPreset:
     importance_sampling_level: str
     trl_loss_type: str
     paper: str
+    #: Smallest ``epsilon_high`` that can learn: cispo caps the ratio *at* epsilon_high (eps_max), so a cap
+    #: below 1 stops every token; None = no requirement (there it is a clip range above 1).
+    min_epsilon_high: float | None = None
 
 
 LOSS_TYPES: Registry[LossPreset] = Registry("loss type")
@@ -48,7 +51,8 @@ LOSS_TYPES.add("bnpo", LossPreset("clip", "token_mean", "token", "bnpo", "TRL (b
 LOSS_TYPES.add("dr_grpo", LossPreset("clip", "constant_norm", "token", "dr_grpo", "arXiv:2503.20783"))
 LOSS_TYPES.add("dapo", LossPreset("clip", "global_token_mean", "token", "dapo", "arXiv:2503.14476"))
 LOSS_TYPES.add("gspo", LossPreset("clip", "sequence_mean", "sequence", "grpo", "arXiv:2507.18071"))
-LOSS_TYPES.add("cispo", LossPreset("cispo", "global_token_mean", "token", "cispo", "arXiv:2506.13585"))
+LOSS_TYPES.add("cispo", LossPreset("cispo", "global_token_mean", "token", "cispo", "arXiv:2506.13585",
+                                   min_epsilon_high=1.0))
 LOSS_TYPES.add("sapo", LossPreset("sapo", "sequence_mean", "token", "sapo", "arXiv:2511.20347"))
 LOSS_TYPES.add("luspo", LossPreset("clip", "sequence_sum", "sequence", "luspo", "arXiv:2602.05261"))
 

@@ -103,3 +103,20 @@ def test_cispo_needs_a_cap_above_one():
     with pytest.raises(ConfigError, match="epsilon_high"):
         load_config(None, ["loss_type=cispo"])
     assert load_config(None, ["loss_type=cispo", "epsilon_high=5.0"]).algo.epsilon_high == 5.0
+
+
+def test_algorithm_choices_come_from_the_registries(monkeypatch):
+    """A newly registered advantage estimator / KL estimator is valid config at once; unknown names list
+    exactly what the registries hold."""
+    from rlvr import core
+
+    for key, registry, leaf in (("advantage_estimator", core.ADVANTAGE_ESTIMATORS, lambda r, g, s: r),
+                                ("kl_estimator", core.KL_ESTIMATORS, lambda logp, ref: logp - ref)):
+        with pytest.raises(ConfigError, match=f"unknown {key} 'mine'; valid choices: {', '.join(registry.names())}"):
+            load_config(None, [f"algo.{key}=mine"])
+        monkeypatch.setitem(registry._items, "mine", leaf)
+        assert getattr(load_config(None, [f"algo.{key}=mine"]).algo, key) == "mine"
+    for key, bad in (("scale_rewards", "median"), ("importance_sampling_level", "group"),
+                     ("sampler_importance_sampling_mode", "clip")):
+        with pytest.raises(ConfigError, match=f"unknown {key} '{bad}'"):
+            load_config(None, [f"algo.{key}={bad}"])
