@@ -102,20 +102,22 @@ def collect(run: Run) -> Rollouts:
     return batch.select_groups(list(range(same_on_every_rank))) if same_on_every_rank < batch.num_groups else batch
 
 
+def sampling_params(cfg: Config, seed: int | None = None) -> SamplingParams:
+    r = cfg.rollout
+    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
+                          repetition_penalty=r.repetition_penalty, max_tokens=r.max_completion_length,
+                          stop=tuple(r.stop), seed=seed)
+
+
 def rollout(run: Run, rows: list[dict]) -> Rollouts:
     """Sample G completions for each prompt row, through the engine."""
-    cfg, sampling_cfg = run.cfg, run.cfg.rollout
-    prompt_ids = encode_prompts(run.tokenizer, [r["prompt"] for r in rows], sampling_cfg.max_prompt_length)
+    cfg, group_size = run.cfg, run.cfg.rollout.num_generations
+    prompt_ids = encode_prompts(run.tokenizer, [r["prompt"] for r in rows], cfg.rollout.max_prompt_length)
     # Each rank its own sampling stream (rank 0 keeps the one-process seeds): resumable, never shared.
-    sampling = SamplingParams(
-        temperature=sampling_cfg.temperature, top_p=sampling_cfg.top_p, top_k=sampling_cfg.top_k,
-        min_p=sampling_cfg.min_p, repetition_penalty=sampling_cfg.repetition_penalty,
-        max_tokens=sampling_cfg.max_completion_length, stop=tuple(sampling_cfg.stop),
-        seed=cfg.train.seed * 1_000_003 + run.generation + run.dist.rank * 7_919_993)
+    seed = cfg.train.seed * 1_000_003 + run.generation + run.dist.rank * 7_919_993
     run.generation += 1
-    completions = run.engine.generate(prompt_ids, sampling_cfg.num_generations, sampling)
-    return Rollouts(sampling_cfg.num_generations, rows, prompt_ids, completions,
-                    policy_lag=run.step - run.engine_version)
+    completions = run.engine.generate(prompt_ids, group_size, sampling_params(cfg, seed))
+    return Rollouts(group_size, rows, prompt_ids, completions, policy_lag=run.step - run.engine_version)
 
 
 def reward(run: Run, batch: Rollouts) -> Rollouts:
@@ -319,12 +321,16 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
                               record_rollouts=cfg.log.record_rollouts and d.is_main,
                               samples_per_class=cfg.log.samples_per_class, console=console.raw)
     if d.is_main:  # which data, checkers, machine and decoder made this run
-        write_run_header(run_dir, cfg, stream, reward_fns, {"device": str(device), "num_processes": d.world})
+        decoder = engine.describe(sampling_params(cfg))  # decoders draw different random streams: say which
+        console.info(f"rollout: {decoder}")
+        write_run_header(run_dir, cfg, stream, reward_fns, {"device": str(device), "num_processes": d.world,
+                                                            "rollout_decoder": decoder})
     weights_K = torch.tensor([rf.weight for rf in reward_fns], dtype=torch.float64)
     group_filter = (GroupFilter(cfg.dapo, cfg.rollout.num_generations, cfg.train.seed, weights_K, warn=console.warn)
                     if cfg.dapo.dynamic_sampling or cfg.dapo.skip_solved_prompts else None)
     return Run(cfg, run_dir, d, device, model, policy, ref_model, tokenizer, engine, reward_fns, stream, optimizer,
-               scheduler, diagnostics, group_filter, MetricLogger(run_dir, cfg) if d.is_main else None, console)
+               scheduler, diagnostics, group_filter, MetricLogger(run_dir, cfg, console.warn) if d.is_main else None,
+               console)
 
 
 def maybe_resume(run: Run) -> None:

@@ -13,7 +13,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -62,7 +62,7 @@ def write_run_header(run_dir: Path, cfg: Config, stream: Any, reward_fns: list, 
 class MetricLogger:
     """metrics.jsonl (always), TensorBoard and W&B (when asked for)."""
 
-    def __init__(self, run_dir: Path, cfg: Config):
+    def __init__(self, run_dir: Path, cfg: Config, warn: Callable[[str], None] = print):
         self.path = run_dir / "metrics.jsonl"
         self._tb = self._wandb = None
         if "tensorboard" in cfg.log.report_to:
@@ -71,7 +71,7 @@ class MetricLogger:
 
                 self._tb = SummaryWriter(str(run_dir / "tensorboard"))
             except ImportError:
-                print("[rlvr] tensorboard is not installed: `pip install tensorboard`, or set log.report_to=[]")
+                warn("tensorboard is not installed: `pip install tensorboard`, or set log.report_to=[]")
         if "wandb" in cfg.log.report_to:
             import wandb  # an explicit choice: fail loudly if it is missing
 

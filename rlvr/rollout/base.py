@@ -81,6 +81,11 @@ class RolloutEngine(Protocol):
         self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams
     ) -> list[Completion]: ...
 
+    def describe(self, sampling: SamplingParams) -> str:
+        """One line: what will sample ``sampling`` (which decoder or server) and why; the trainer shows it
+        once and records it in header.json, since runs on different decoders draw different samples."""
+        ...
+
     def load_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]]
     ) -> None: ...

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import logging
 from collections.abc import Iterable, Iterator, Sequence
 
 import torch
@@ -57,7 +56,6 @@ from rlvr.rollout.common import (
     validate_request,
 )
 
-log = logging.getLogger(__name__)
 
 FAST_PATH_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 # Decode attention's key length is rounded up to a multiple of this (see decode).
@@ -563,7 +561,6 @@ class NativeEngine:
         self.cpu_kernel = cpu_kernel
         # "kernel" or "torch": which decoder the last call used.
         self.last_decoder: str | None = None
-        self._kernel_notes: set[str] = set()
 
     def _decoder(self):
         return (
@@ -702,7 +699,7 @@ class NativeEngine:
 
     def _kernel_unavailable(self, sampler, device) -> str | None:
         """None when ``kernels/decode_cpu.c`` will run this request, else why not (an error when
-        ``cpu_kernel=True``; logged once per reason otherwise)."""
+        ``cpu_kernel=True``; otherwise ``describe`` says it, which the trainer prints once)."""
         if self.cpu_kernel is False:
             return "cpu_kernel=False"
         if device.type != "cpu":
@@ -717,15 +714,28 @@ class NativeEngine:
                 or cpu_kernel.load()[1]
                 or None
             )
+            if why is None and self.cpu_kernel is None and cpu_kernel.sgemm_pointers()[0] is None:
+                # Without BLAS the kernel's matmuls are a portable scalar loop, slower than PyTorch at any
+                # model size: auto mode picks the kernel only where it is fast (cpu_kernel=True still forces it).
+                why = f"no usable BLAS sgemm_ ({cpu_kernel.sgemm_pointers()[2]})"
         if why and self.cpu_kernel:
             raise ValueError(
                 f"native engine: cpu_kernel=True but the C decode kernel cannot run this request: "
                 f"{why}. Leave cpu_kernel unset to fall back to the PyTorch decoder."
             )
-        if why and why not in self._kernel_notes:
-            self._kernel_notes.add(why)
-            log.info("native engine: PyTorch decoder, not the C kernel: %s", why)
         return why
+
+    def describe(self, sampling: SamplingParams) -> str:
+        """Which decoder samples ``sampling`` and why: the C kernel and the PyTorch decoders draw different
+        random streams, so a run's samples (not its statistics) depend on it."""
+        device = next(self.model.parameters()).device
+        sampler = TokenSampler(sampling, _unwrap(self.model).config.vocab_size, make_generator(sampling.seed, device))
+        why_not = self._kernel_unavailable(sampler, device)
+        if why_not is None:
+            matmul = "BLAS sgemm_" if cpu_kernel.sgemm_pointers()[0] is not None else "portable matmul loop (slow)"
+            return f"native engine: C decode kernel ({matmul})"
+        decoder = "PyTorch fast decoder" if self.fast_path else "PyTorch generic (Hugging Face cache) decoder"
+        return f"native engine: {decoder}, not the C kernel: {why_not}"
 
     def _sample_kernel(self, ids_BP, mask_BP, n, sampling, generator, workers):
         """Prefill and decode in C (``cpu_kernel``): one slice of rows per core, every step in one

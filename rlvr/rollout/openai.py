@@ -137,6 +137,10 @@ class OpenAICompletionsEngine:
         self.served_version = 0
         self.model_name = model_name or self._first_served_model()
 
+    def describe(self, sampling: SamplingParams) -> str:
+        reload = f", reloaded every {self.reload_every} steps" if self.reload_every else ", never reloaded"
+        return f"openai engine: {self.base_url} serving {self.model_name!r} (its own weights{reload})"
+
     @property
     def policy_lag(self) -> int:
         """Optimizer steps between the weights the server samples from and the live policy."""

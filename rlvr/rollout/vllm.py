@@ -241,6 +241,9 @@ class VLLMColocateEngine:
                 )
         return completions
 
+    def describe(self, sampling: SamplingParams) -> str:
+        return "vllm engine: colocated vLLM, weights pushed after every optimizer step"
+
     def close(self) -> None:
         del self.llm
         torch.cuda.empty_cache()
@@ -293,6 +296,10 @@ class VLLMServerEngine:
         self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams
     ) -> list[Completion]:
         return self.http.generate(prompt_ids, n, sampling)
+
+    def describe(self, sampling: SamplingParams) -> str:
+        push = "weights pushed after every optimizer step" if self.client is not None else "fixed server weights"
+        return f"vllm engine: vLLM server at {self.http.base_url}, {push}"
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         if self.client is None:

@@ -289,3 +289,20 @@ os.close(write_fd)
 _, status = os.waitpid(pid, 0)
 print(os.read(read_fd, 64).decode() or f"child-status-{status}")
 """
+
+
+def test_auto_mode_runs_the_kernel_only_with_blas_and_says_which_decoder_runs(monkeypatch):
+    model, tok = tiny_model("llama")
+    prompts, sampling = [tok.encode("1+2=")], SamplingParams(temperature=1.0, max_tokens=3, seed=0)
+    engine = make_engine("native", model, tok)
+    if cpu_kernel.sgemm_pointers()[0] is not None:
+        assert engine.describe(sampling) == "native engine: C decode kernel (BLAS sgemm_)"
+    assert "not the C kernel: top-k" in engine.describe(SamplingParams(top_k=5))
+    # Without BLAS the kernel's matmuls are a scalar loop: auto mode keeps the PyTorch decoder and says why.
+    monkeypatch.setattr(cpu_kernel, "sgemm_pointers", lambda: (None, None, "no sgemm_ exported by libtorch_cpu"))
+    assert engine.describe(sampling) == ("native engine: PyTorch fast decoder, not the C kernel: no usable BLAS "
+                                         "sgemm_ (no sgemm_ exported by libtorch_cpu)")
+    engine.generate(prompts, 2, sampling)
+    assert engine.last_decoder == "torch"
+    forced = make_engine("native", model, tok, cpu_kernel=True)  # asked for explicitly: it runs, and says it is slow
+    assert forced.describe(sampling) == "native engine: C decode kernel (portable matmul loop (slow))"

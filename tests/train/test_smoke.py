@@ -56,6 +56,9 @@ def test_three_steps_train_and_log(tiny_model_dir, sum_dataset, tmp_path):
         assert not bad, f"non-finite metrics {bad}"
     assert read_jsonl(out / "samples.jsonl"), "no samples written"
     assert (out / "config.yaml").exists() and (out / "header.json").exists()
+    # Which decoder sampled is part of what made the run (decoders draw different random streams).
+    assert json.loads((out / "header.json").read_text())["rollout_decoder"] == \
+        "hf engine: transformers generate on the live policy"
     assert (out / "checkpoints").is_dir()
 
 
