@@ -1,4 +1,4 @@
-"""Issue 7, measured: how much generation each informative group costs, with and without DAPO's
+"""Measured: how much generation each informative group costs, with and without DAPO's
 dynamic sampling and rlvr's predictive prompt skipping, and the held-out accuracy each run ends at.
 
 The default task (2-digit addition, the shipped tiny model) over a fixed pool of training prompts,

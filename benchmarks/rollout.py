@@ -1,4 +1,4 @@
-"""Rollout throughput: rlvr's engines side by side with ``transformers.generate`` (issue 8, DESIGN.md §8).
+"""Rollout throughput: rlvr's engines side by side with ``transformers.generate``, measured side by side in one process.
 
     python benchmarks/rollout.py --json                       # CPU, 2 threads: tiny + ~25M Llama
     python benchmarks/rollout.py --json --device cuda --dtype bfloat16 --models qwen2.5-0.5b

@@ -8,7 +8,7 @@ on purpose: anything harder takes a randomly initialised model far more than a m
     python examples/minimal_grpo.py                 # ~1 minute on 2 CPU cores
     python examples/minimal_grpo.py --loss-type grpo --steps 100
 
-One step, as in DESIGN.md §2: sample G completions per prompt -> score them -> group-relative advantages
+One step, as in docs/architecture.md: sample G completions per prompt -> score them -> group-relative advantages
 -> clipped policy-gradient update (num_iterations passes over the batch; the first is exactly on-policy).
 """
 

@@ -2,7 +2,7 @@
 
 A *loss type* (TRL's ``loss_type``; DAPO is the default, as in TRL 1.16) is a named preset of three leaves
 (see :mod:`rlvr.core.objectives`): which ratio level, which per-token objective, which aggregation. For
-every preset, value and gradient equal TRL 1.16 ``GRPOTrainer._compute_loss`` (tests/core/test_trl_parity.py).
+every preset, value and gradient equal TRL 1.16 ``GRPOTrainer._compute_loss`` (tests/core/test_core_trl_parity.py).
 Add a preset with ``LOSS_TYPES.add("name", LossPreset(...))``; no other code changes.
 """
 

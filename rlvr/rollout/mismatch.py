@@ -1,4 +1,4 @@
-"""Sampler / trainer log-prob mismatch (issue 8; DESIGN.md §4 "measured and corrected for every backend").
+"""Sampler / trainer log-prob mismatch (docs/algorithms.md).
 
 The trainer recomputes ``trainer_logp_NT = log_softmax(logits / T)`` at the sampled tokens; the
 engine reported ``sampler_logp_NT`` for the same tokens. On a live-policy engine in the same dtype

@@ -1,4 +1,4 @@
-"""``native``: rlvr's batched sampler over the live policy model (issue 8; DESIGN.md §5).
+"""``native``: rlvr's batched sampler over the live policy model (docs/rollout.md).
 
 What it does differently from ``transformers.generate`` with ``num_return_sequences=G`` (TRL's path):
 

@@ -1,4 +1,4 @@
-"""``openai``: any OpenAI-compatible ``/v1/completions`` server as a rollout engine (issue 8).
+"""``openai``: any OpenAI-compatible ``/v1/completions`` server as a rollout engine.
 
 llama.cpp's server, llama-cpp-python, vLLM, SGLang and TGI all speak this protocol. Such a server
 holds its own copy of the weights, so it samples from a **stale** policy: ``samples_live_policy`` is

@@ -1,8 +1,8 @@
-"""``vllm``: vLLM as a rollout engine, colocated in-process or as a server (issue 8, DESIGN.md §5).
+"""``vllm``: vLLM as a rollout engine, colocated in-process or as a server (docs/rollout.md).
 
 Written against vLLM's documented APIs; vLLM is not installed on the machines this was developed
 on (its wheel is CUDA-only and far larger than the GPU machine can take), so this module has not
-been run: see docs/rollout.md, "What was and was not run".
+been run: see docs/rollout.md, "What is and is not tested".
 
 - ``mode="colocate"``: an in-process ``vllm.LLM`` on the trainer's GPU. ``n=G`` per prompt (vLLM
   shares the prompt's KV blocks across the group), sleep mode to hand the GPU back to training

@@ -4,7 +4,7 @@ The default (2-digit addition, operands 10-99) is what the shipped tiny model wa
 (scripts/make_tiny_model.py). About 76% of these additions carry (into the tens, into the
 hundreds, or both), which is where the shipped model's greedy answer goes wrong.
 
-The checker is strict on purpose (DESIGN.md §6): the stripped completion must be exactly one integer
+The checker is strict on purpose (docs/checkers.md): the stripped completion must be exactly one integer
 (``-?\\d+``), so ``"825 826"`` (answer spraying), ``"825.0"``, ``"eight hundred"`` and text around
 the number all score 0, and a truncated completion scores 0 whatever it holds.
 """

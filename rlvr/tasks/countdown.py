@@ -1,7 +1,7 @@
 """The countdown task: reach a target with the given numbers, each used exactly once, with
 ``+ - * /`` and parentheses (the TinyZero / "Countdown" game used in R1-Zero replications).
 
-The checker never evaluates model text (DESIGN.md §6): it parses the completion with ``ast`` in
+The checker never evaluates model text (docs/checkers.md): it parses the completion with ``ast`` in
 ``eval`` mode, accepts only a tree of non-negative integer literals, the four binary operators and
 parentheses (which ``ast`` folds away), and computes the value itself with exact ``Fraction``
 arithmetic. Names, attributes, calls, lambdas, subscripts, ``**``, unary minus, floats, strings and

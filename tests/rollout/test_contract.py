@@ -1,4 +1,4 @@
-"""One contract, every backend (issue 8): shapes and grouping, finish reasons, EOS and stop strings,
+"""One contract, every backend: shapes and grouping, finish reasons, EOS and stop strings,
 seeds, greedy agreement with ``transformers.generate``, and log-probs equal to what the trainer
 recomputes. Backends that need something this machine may lack are skipped, never faked."""
 

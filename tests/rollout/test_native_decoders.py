@@ -1,4 +1,4 @@
-"""The native engine's decoders reproduce the Hugging Face forward's logits (issue 8: a fast path is
+"""The native engine's decoders reproduce the Hugging Face forward's logits (a fast path is
 welcome "if it is tested for equality of logits with the Hugging Face forward")."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DAPO dynamic sampling and predictive skipping (issue 7): what is kept, what is counted, what resumes."""
+"""DAPO dynamic sampling and predictive skipping: what is kept, what is counted, what resumes."""
 
 from __future__ import annotations
 
