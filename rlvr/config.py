@@ -487,12 +487,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         p = Path(path)
         if not p.exists():
-            # A bare name like `dapo_math` resolves to configs/<name>.yaml in the repository.
-            alt = Path(__file__).resolve().parent.parent / "configs" / f"{p.stem}.yaml"
+            # A bare name like `dapo_math` resolves to the ready config shipped in the package (rlvr/configs/).
+            alt = Path(__file__).resolve().parent / "configs" / f"{p.stem}.yaml"
             if p.suffix in ("", ".yaml", ".yml") and alt.exists():
                 p = alt
             else:
-                raise ConfigError(f"config file {str(path)!r} does not exist")
+                raise ConfigError(f"config file {str(path)!r} does not exist (nor is it a ready config: "
+                                  f"{', '.join(sorted(q.stem for q in alt.parent.glob('*.yaml')))})")
         try:
             loaded = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
