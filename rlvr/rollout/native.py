@@ -603,50 +603,35 @@ class NativeEngine:
             for row, (row_ids, lps, text) in enumerate(zip(ids, logps, texts))
         ]
 
-    def _sample(
-        self,
-        prompt_ids: list[list[int]],
-        n: int,
-        sampling: SamplingParams,
-        workers: int,
-    ):
-        """Decode loop. Returns ``tokens_NC`` (-1 after a row finished) and ``logp_NC``."""
+    def _sample(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams, workers: int):
+        """Which decoder runs this request (the C kernel where it can, else PyTorch), and run it. Returns
+        ``tokens_NC`` (-1 after a row finished) and ``logp_NC``."""
         device = next(self.model.parameters()).device
         ids_BP, mask_BP = left_pad(prompt_ids, self.pad_id, device)
+        sampler = TokenSampler(sampling, _unwrap(self.model).config.vocab_size, make_generator(sampling.seed, device))
+        why_not = self._kernel_unavailable(sampler, device)
+        self.last_decoder = "torch" if why_not else "kernel"
+        if why_not is None:
+            return self._sample_kernel(ids_BP, mask_BP, n, sampling, sampler.generator, workers)
+        return self._sample_torch(prompt_ids, ids_BP, mask_BP, n, sampling, sampler)
+
+    def _sample_torch(self, prompt_ids, ids_BP, mask_BP, n: int, sampling: SamplingParams, sampler: TokenSampler):
+        """The PyTorch decode loop: prefill once per prompt, then one decode step per token; every
+        ``sync_every`` steps a host check of which rows finished (EOS or a stop string), and the batch is
+        compacted once enough of it has."""
+        device = ids_BP.device
         B, C = len(prompt_ids), sampling.max_tokens
         N = B * n
         sync_every = self.sync_every or (8 if device.type == "cuda" else 1)
         eos_E = torch.tensor(self.eos_ids, device=device)
-        vocab_size = _unwrap(self.model).config.vocab_size
-        sampler = TokenSampler(
-            sampling, vocab_size, make_generator(sampling.seed, device)
-        )
-        why_not = self._kernel_unavailable(sampler, device)
-        self.last_decoder = "torch" if why_not else "kernel"
-        if why_not is None:
-            return self._sample_kernel(
-                ids_BP, mask_BP, n, sampling, sampler.generator, workers
-            )
-
         tokens_NC = torch.full((N, C), -1, dtype=torch.long, device=device)
         logp_NC = torch.zeros((N, C), dtype=torch.float32, device=device)
-        # Repetition penalty needs the set of tokens each row has seen (prompt included, as in HF).
-        seen_MV = None
-        if sampler.use_penalty:
-            seen_BV = torch.zeros(B, vocab_size, dtype=torch.bool, device=device)
-            for b, p in enumerate(
-                prompt_ids
-            ):  # real tokens only: the pad id may also be a real token
-                seen_BV[b, torch.tensor(p, device=device)] = True
-            seen_MV = seen_BV.repeat_interleave(n, dim=0)
-
+        seen_MV = self._seen_tokens(prompt_ids, n, sampler, device)
         decoder = self._decoder()
         logits_BV = decoder.prefill(ids_BP, mask_BP, n, C)
         # The first token of every row comes from its prompt's last position; no decode step needed.
         logits_MV = logits_BV.repeat_interleave(n, dim=0)
-        rows_M = torch.arange(
-            N, device=device
-        )  # which original row each live batch row is
+        rows_M = torch.arange(N, device=device)  # which original row each live batch row is
         alive_M = torch.ones(N, dtype=torch.bool, device=device)
         compacted = False
         try:
@@ -658,44 +643,41 @@ class NativeEngine:
                 else:  # every row still in the batch: a strided copy, cheaper than index_put
                     tokens_NC[:, t] = torch.where(alive_M, token_M, -1)
                     logp_NC[:, t] = logp_M
-                is_eos_M = (
-                    token_M == self.eos_ids[0]
-                    if len(self.eos_ids) == 1
-                    else torch.isin(token_M, eos_E)
-                )
+                is_eos_M = token_M == self.eos_ids[0] if len(self.eos_ids) == 1 else torch.isin(token_M, eos_E)
                 alive_M = alive_M & ~is_eos_M
                 if seen_MV is not None:
-                    seen_MV[torch.arange(token_M.shape[0], device=device), token_M] = (
-                        True
-                    )
+                    seen_MV[torch.arange(token_M.shape[0], device=device), token_M] = True
                 if t == C - 1:
                     break
                 if (t + 1) % sync_every == 0:
                     alive_cpu = alive_M.tolist()  # host sync
                     if sampling.stop:
-                        alive_cpu = self._apply_stops(
-                            tokens_NC, rows_M, alive_cpu, t, sampling.stop
-                        )
+                        alive_cpu = self._apply_stops(tokens_NC, rows_M, alive_cpu, t, sampling.stop)
                         alive_M = torch.tensor(alive_cpu, device=device)
                     n_alive = sum(alive_cpu)
                     if n_alive == 0:
                         break
-                    if len(alive_cpu) - n_alive >= self.compact_fraction * len(
-                        alive_cpu
-                    ):
-                        keep_M = alive_M.nonzero().squeeze(1)
+                    if len(alive_cpu) - n_alive >= self.compact_fraction * len(alive_cpu):
+                        keep_M = alive_M.nonzero().squeeze(1)  # finished rows leave the batch
                         decoder.select(keep_M)
-                        rows_M, token_M, alive_M = (
-                            rows_M[keep_M],
-                            token_M[keep_M],
-                            alive_M[keep_M],
-                        )
+                        rows_M, token_M, alive_M = rows_M[keep_M], token_M[keep_M], alive_M[keep_M]
                         compacted = True
                         seen_MV = None if seen_MV is None else seen_MV[keep_M]
                 logits_MV = decoder.decode(token_M)
         finally:
             decoder.release()
         return tokens_NC, logp_NC
+
+    @staticmethod
+    def _seen_tokens(prompt_ids, n: int, sampler: TokenSampler, device) -> torch.Tensor | None:
+        """[N, V] bool of the tokens each row has seen (prompt included, as in HF), which the repetition
+        penalty needs; None without a penalty."""
+        if not sampler.use_penalty:
+            return None
+        seen_BV = torch.zeros(len(prompt_ids), sampler.vocab_size, dtype=torch.bool, device=device)
+        for b, p in enumerate(prompt_ids):  # real tokens only: the pad id may also be a real token
+            seen_BV[b, torch.tensor(p, device=device)] = True
+        return seen_BV.repeat_interleave(n, dim=0)
 
     def _kernel_unavailable(self, sampler, device) -> str | None:
         """None when ``kernels/decode_cpu.c`` will run this request, else why not (an error when

@@ -257,6 +257,10 @@ def test_concurrent_callers_and_a_forked_child_get_the_same_completions():
         text=True,
         timeout=300,
         cwd=os.path.dirname(__file__),
+        # This checkout's rlvr, whichever one the interpreter has installed.
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+             os.environ.get("PYTHONPATH", "")])},
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
