@@ -103,10 +103,10 @@ def collect(run: Run) -> Rollouts:
 
 
 def sampling_params(cfg: Config, seed: int | None = None) -> SamplingParams:
-    r = cfg.rollout
-    return SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
-                          repetition_penalty=r.repetition_penalty, max_tokens=r.max_completion_length,
-                          stop=tuple(r.stop), seed=seed)
+    rollout_cfg = cfg.rollout
+    return SamplingParams(temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p, top_k=rollout_cfg.top_k,
+                          min_p=rollout_cfg.min_p, repetition_penalty=rollout_cfg.repetition_penalty,
+                          max_tokens=rollout_cfg.max_completion_length, stop=tuple(rollout_cfg.stop), seed=seed)
 
 
 def rollout(run: Run, rows: list[dict]) -> Rollouts:
@@ -199,11 +199,11 @@ def logprobs(run: Run, packed: PackedBatch, truncated_N: torch.Tensor) -> LogPro
     return LogProbs(old_NT, ref_NT, loss_mask_NT, weight_NT, weight_metrics)
 
 
-def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, lp: LogProbs) -> list[dict[str, float]]:
+def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, logps: LogProbs) -> list[dict[str, float]]:
     """num_iterations passes over the generation batch; one optimizer step per GA micro-batches."""
     cfg, train_cfg = run.cfg, run.cfg.train
     accumulation = train_cfg.gradient_accumulation_steps
-    mask_NT, settings = lp.loss_mask_NT, build_loss_settings(cfg.algo)
+    mask_NT, settings = logps.loss_mask_NT, build_loss_settings(cfg.algo)
     # Active tokens of the whole generation batch over all ranks (the dapo/cispo normaliser, TRL's
     # num_items_in_batch): one scalar all-reduce per generation batch.
     geometry = core.BatchGeometry(
@@ -221,9 +221,9 @@ def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, lp: LogProbs) -> 
                 with distributed.no_sync(run.policy, sync=j == len(window) - 1):  # DDP: all-reduce once per step
                     logp_NT, ent_NT = completion_logprobs(run, run.policy, packed.rows(s), with_entropy=True)
                     loss, metrics = core.policy_loss_from(
-                        settings, geometry, logp_NT, rows(lp.old_NT, s), adv_N[s].to(logp_NT.dtype), mask_NT[s],
-                        ref_logp_NT=rows(lp.ref_NT, s), entropy_NT=ent_NT,
-                        sampler_is_weights_NT=rows(lp.sampler_weight_NT, s))
+                        settings, geometry, logp_NT, rows(logps.old_NT, s), adv_N[s].to(logp_NT.dtype), mask_NT[s],
+                        ref_logp_NT=rows(logps.ref_NT, s), entropy_NT=ent_NT,
+                        sampler_is_weights_NT=rows(logps.sampler_weight_NT, s))
                     loss.backward()
                 metrics["loss"] = loss.detach()
                 if packed.sampler_logp_NT is not None:  # honest log-probs: sampler vs trainer, every step
@@ -241,7 +241,7 @@ def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, lp: LogProbs) -> 
             run.scheduler.step()
             run.optimizer.zero_grad(set_to_none=True)
             run.step += 1
-            sums.update({k: float(v) for k, v in lp.sampler_metrics.items()})
+            sums.update({k: float(v) for k, v in logps.sampler_metrics.items()})
             step_metrics.append(sums)
             if run.step >= train_cfg.max_steps:
                 return step_metrics
@@ -267,28 +267,29 @@ def log(run: Run, batch: Rollouts, adv_N: torch.Tensor, step_metrics: list[dict[
     parts = distributed.gather_to_main(local)
     if parts is None:
         return  # not rank 0: it has logged its share
+    batches, advantages, rank_steps, reward_errors, filter_counts, timings = zip(*parts)
     if len(parts) > 1:
         batch = Rollouts(batch.group_size)
-        for p in parts:
-            batch.extend(p[0])
-        adv_N = torch.cat([p[1] for p in parts])
-        step_metrics = distributed.reduce_step_metrics([p[2] for p in parts])
-    m = batch_metrics(batch, run.reward_fns, distributed.sum_counts([p[3] for p in parts]))
+        for rank_batch in batches:
+            batch.extend(rank_batch)
+        adv_N = torch.cat(advantages)
+        step_metrics = distributed.reduce_step_metrics(list(rank_steps))
+    metrics = batch_metrics(batch, run.reward_fns, distributed.sum_counts(list(reward_errors)))
     records = completion_records(batch, run.reward_fns, adv_N, run.step)
     diag_metrics, _warnings = run.diagnostics.observe(run.step, records)  # already printed on the console
-    m.update(diag_metrics)
-    m.update(distributed.reduce_metrics([p[4] for p in parts]))  # DAPO counters
+    metrics.update(diag_metrics)
+    metrics.update(distributed.reduce_metrics(list(filter_counts)))  # DAPO counters
     for key in step_metrics[0] if step_metrics else []:
-        m[key] = sum(s[key] for s in step_metrics) / len(step_metrics)
-    m.update(distributed.reduce_metrics([p[5] for p in parts]))  # phase timings
-    mismatch_warning = check_mismatch(m)
+        metrics[key] = sum(s[key] for s in step_metrics) / len(step_metrics)
+    metrics.update(distributed.reduce_metrics(list(timings)))  # phase timings
+    mismatch_warning = check_mismatch(metrics)
     if mismatch_warning:
         run.console.warn(mismatch_warning)
-    m["tokens_per_second"] = m["num_tokens"] / max(1e-9, m.get("timing/rollout", 0.0))
+    metrics["tokens_per_second"] = metrics["num_tokens"] / max(1e-9, metrics.get("timing/rollout", 0.0))
     if run.step % run.cfg.log.logging_steps == 0 or run.step >= run.cfg.train.max_steps:
-        run.logger.log(run.step, m)
-        run.console.samples(run.step, run.diagnostics.samples(run.step, records, echo=False), m)
-    run.console.progress(run.step, m)
+        run.logger.log(run.step, metrics)
+        run.console.samples(run.step, run.diagnostics.samples(run.step, records, echo=False), metrics)
+    run.console.progress(run.step, metrics)
 
 
 # ------------------------------------------------------------------------------------ setup
@@ -297,8 +298,8 @@ def log(run: Run, batch: Rollouts, adv_N: torch.Tensor, step_metrics: list[dict[
 def setup(cfg: Config, console: Console | None = None) -> Run:
     from rlvr.diagnostics import Diagnostics
 
-    d, device = distributed.init()
-    console = console or Console(enabled=cfg.log.progress and d.is_main)
+    dist, device = distributed.init()
+    console = console or Console(enabled=cfg.log.progress and dist.is_main)
     run_dir = Path(cfg.log.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.train.num_threads is not None:
@@ -311,25 +312,25 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
     ref_model = load_model(cfg, device, trainable=False) if cfg.algo.beta > 0 and not cfg.model.lora.enabled else None
     engine = build_engine(cfg, model, tokenizer, run_dir)
     reward_fns = load_reward_functions(reward_specs(cfg))
-    stream = PromptStream(cfg, d.rank, d.world)
-    policy = distributed.wrap(model, d, device)
+    stream = PromptStream(cfg, dist.rank, dist.world)
+    policy = distributed.wrap(model, dist, device)
     optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg, optimizer)
-    diagnostics = Diagnostics(run_dir if d.is_main else None, cfg.rollout.num_generations, [rf.name for rf in reward_fns],
+    diagnostics = Diagnostics(run_dir if dist.is_main else None, cfg.rollout.num_generations, [rf.name for rf in reward_fns],
                               [rf.weight for rf in reward_fns], {rf.name: rf.kind for rf in reward_fns},
                               reward_funcs={rf.name: rf.fn for rf in reward_fns},
-                              record_rollouts=cfg.log.record_rollouts and d.is_main,
+                              record_rollouts=cfg.log.record_rollouts and dist.is_main,
                               samples_per_class=cfg.log.samples_per_class, console=console.raw)
-    if d.is_main:  # which data, checkers, machine and decoder made this run
+    if dist.is_main:  # which data, checkers, machine and decoder made this run
         decoder = engine.describe(sampling_params(cfg))  # decoders draw different random streams: say which
         console.info(f"rollout: {decoder}")
-        write_run_header(run_dir, cfg, stream, reward_fns, {"device": str(device), "num_processes": d.world,
+        write_run_header(run_dir, cfg, stream, reward_fns, {"device": str(device), "num_processes": dist.world,
                                                             "rollout_decoder": decoder})
     weights_K = torch.tensor([rf.weight for rf in reward_fns], dtype=torch.float64)
     group_filter = (GroupFilter(cfg.dapo, cfg.rollout.num_generations, cfg.train.seed, weights_K, warn=console.warn)
                     if cfg.dapo.dynamic_sampling or cfg.dapo.skip_solved_prompts else None)
-    return Run(cfg, run_dir, d, device, model, policy, ref_model, tokenizer, engine, reward_fns, stream, optimizer,
-               scheduler, diagnostics, group_filter, MetricLogger(run_dir, cfg, console.warn) if d.is_main else None,
+    return Run(cfg, run_dir, dist, device, model, policy, ref_model, tokenizer, engine, reward_fns, stream, optimizer,
+               scheduler, diagnostics, group_filter, MetricLogger(run_dir, cfg, console.warn) if dist.is_main else None,
                console)
 
 
@@ -367,10 +368,10 @@ def train(cfg: Config, console: Console | None = None) -> dict:
             adv_N = advantage(run, batch)
         packed = pack(batch, run.tokenizer.pad_token_id, run.device)
         with run.timer("logprobs"):
-            lp = logprobs(run, packed, torch.tensor(batch.truncated_N(), device=run.device))
+            logps = logprobs(run, packed, torch.tensor(batch.truncated_N(), device=run.device))
         step_before = run.step
         with run.timer("update"):
-            step_metrics = update(run, packed, adv_N.to(run.device), lp)
+            step_metrics = update(run, packed, adv_N.to(run.device), logps)
         with run.timer("sync"):
             sync(run)
         with run.timer("log"):
