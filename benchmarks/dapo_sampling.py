@@ -1,4 +1,4 @@
-"""Issue 7, measured: how much generation each informative group costs, with and without DAPO's
+"""Measured: how much generation each informative group costs, with and without DAPO's
 dynamic sampling and rlvr's predictive prompt skipping, and the held-out accuracy each run ends at.
 
 The default task (2-digit addition, the shipped tiny model) over a fixed pool of training prompts,
@@ -56,9 +56,11 @@ def run(name: str, extra: list[str], train: Path, held: Path, steps: int, overri
         raise SystemExit(f"{name} failed:\n{proc.stderr[-3000:]}")
     wall = time.perf_counter() - t0
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    steps_m = [m for m in lines if "dapo/tokens_generated" in m]
+    steps_m = [m for m in lines if "num_tokens" in m]  # training lines (eval lines carry eval/* only)
     evals = [m for m in lines if "eval/accuracy" in m]
-    total = lambda key: sum(m.get(key, 0.0) for m in steps_m)  # noqa: E731
+    # Without dynamic sampling (the grpo variant) no dapo/* is logged: every group sampled was trained on.
+    fallback = {"dapo/tokens_generated": "num_tokens", "dapo/groups_generated": "groups/count"}
+    total = lambda key: sum(m.get(key, m.get(fallback.get(key, ""), 0.0)) for m in steps_m)  # noqa: E731
     informative_trained = sum(m["groups/mixed"] * m["groups/count"] for m in steps_m)
     shutil.rmtree(out, ignore_errors=True)
     return {

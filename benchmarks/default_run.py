@@ -1,4 +1,4 @@
-"""The default job's requirement (issue 4), measured: `rlvr train` with no arguments on this machine.
+"""The default job's requirement, measured: `rlvr train` with no arguments on this machine.
 
 Runs the whole command in a subprocess, as a user would (model load and both evaluations included),
 and prints JSON: held-out greedy accuracy before and after, wall time, steps, and the requirement

@@ -1,4 +1,4 @@
-"""Rollout throughput: rlvr's engines side by side with ``transformers.generate`` (issue 8, DESIGN.md §8).
+"""Rollout throughput: rlvr's engines side by side with ``transformers.generate``, measured side by side in one process.
 
     python benchmarks/rollout.py --json                       # CPU, 2 threads: tiny + ~25M Llama
     python benchmarks/rollout.py --json --device cuda --dtype bfloat16 --models qwen2.5-0.5b
@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import statistics
-import string
 import sys
 import time
 
@@ -58,18 +57,11 @@ ENGINE_THREADS = {"hf-1thread": 1}
 
 
 def char_tokenizer():
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from rlvr.models.toy import CHARS
+    from rlvr.models.toy import char_tokenizer as toy_tokenizer
 
-    specials = ["<pad>", "<eos>", "<unk>", "<never>"]
-    chars = string.digits + string.ascii_letters + "+-*/=() .,:;!?<>[]{}#%&'\"@^_|~\\\n"
-    vocab = {t: i for i, t in enumerate(specials + list(chars))}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
-    )
+    # "<never>": an id no model emits, the EOS of fixed-length benchmark completions.
+    return toy_tokenizer(CHARS + "%&'\"@^_|~\\\n", specials=("<pad>", "<eos>", "<unk>", "<never>"))
 
 
 def build_model(
@@ -79,12 +71,12 @@ def build_model(
     ``llama-3m``: a ~3.2M Llama (hidden 256, 4 layers, 4 heads, char vocabulary).
     ``llama-25m``: hidden 512, 8 layers.
     ``qwen2.5-0.5b``: Qwen2.5-0.5B's architecture with random weights (GPU runs)."""
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlvr.models.toy import toy_model
+
+    # LlamaConfig's own defaults for the ids and tied embeddings (the toy factory's differ).
+    llama_defaults = {"pad_token_id": None, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
 
     torch.manual_seed(0)
     shipped = _shipped_tiny(keep_eos) if name == "tiny" else None
@@ -92,30 +84,13 @@ def build_model(
         model, tok, source = shipped
         return model.to(device=device, dtype=dtype), tok, source
     if name in ("tiny", "llama-3m"):
-        cfg = LlamaConfig(
-            vocab_size=len(tok),
-            hidden_size=256,
-            intermediate_size=688,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            max_position_embeddings=256,
-        )
-        model, source = (
-            LlamaForCausalLM(cfg),
-            "llama-3m stand-in" if name == "tiny" else "LlamaConfig",
-        )
+        model = toy_model("llama", len(tok), seed=None, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256, **llama_defaults)
+        source = "llama-3m stand-in" if name == "tiny" else "LlamaConfig"
     elif name == "llama-25m":
-        cfg = LlamaConfig(
-            vocab_size=len(tok),
-            hidden_size=512,
-            intermediate_size=1376,
-            num_hidden_layers=8,
-            num_attention_heads=8,
-            num_key_value_heads=8,
-            max_position_embeddings=256,
-        )
-        model, source = LlamaForCausalLM(cfg), "LlamaConfig"
+        model = toy_model("llama", len(tok), seed=None, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
+                          num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=256, **llama_defaults)
+        source = "LlamaConfig"
     elif name == "qwen2.5-0.5b":
         # Qwen2.5-0.5B's published config.json, typed out (no hub access on these machines).
         cfg = Qwen2Config(

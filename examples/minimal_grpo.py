@@ -8,7 +8,7 @@ on purpose: anything harder takes a randomly initialised model far more than a m
     python examples/minimal_grpo.py                 # ~1 minute on 2 CPU cores
     python examples/minimal_grpo.py --loss-type grpo --steps 100
 
-One step, as in DESIGN.md §2: sample G completions per prompt -> score them -> group-relative advantages
+One step, as in docs/architecture.md: sample G completions per prompt -> score them -> group-relative advantages
 -> clipped policy-gradient update (num_iterations passes over the batch; the first is exactly on-policy).
 """
 
@@ -19,9 +19,10 @@ import random
 import time
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from rlvr.core import completion_mask, compute_advantages, policy_loss, rewards_from_lists, token_logprobs
+from rlvr.models.toy import toy_model
 
 # A character-level vocabulary is enough for this task and needs no tokenizer files.
 VOCAB = list("0123456789+=") + ["<pad>", "<bos>", "<eos>"]
@@ -55,21 +56,10 @@ REWARD_FUNCS, REWARD_WEIGHTS = [right_digit, exact_answer], [0.5, 0.5]
 
 
 def build_policy(seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(VOCAB),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=32,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        pad_token_id=PAD,
-        tie_word_embeddings=True,
-    )
-    return LlamaForCausalLM(config)
+    # rlvr's toy-model factory: a transformers LlamaForCausalLM from a config, random weights.
+    return toy_model("llama", len(VOCAB), seed=seed, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32, bos_token_id=BOS,
+                     eos_token_id=EOS, pad_token_id=PAD, tie_word_embeddings=True)
 
 
 @torch.no_grad()

@@ -1,8 +1,8 @@
 """The data one generation batch carries from rollout to update.
 
 ``Rollouts`` holds python lists while groups are still being sampled, scored and (with DAPO's
-dynamic sampling) filtered; ``to_tensors`` packs the kept groups once, for the log-prob and update
-phases. Suffixes: B prompts, G group size, N = B·G completions, P prompt tokens (left-padded),
+dynamic sampling) filtered; ``pack`` turns the kept groups into tensors once, for the log-prob and
+update phases. Suffixes: B prompts, G group size, N = B·G completions, P prompt tokens (left-padded),
 T completion tokens (right-padded), K reward functions.
 """
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rlvr import core
 from rlvr.rewards.base import Verdict
 from rlvr.rollout.base import Completion
 
@@ -58,7 +59,11 @@ class Rollouts:
         )
 
     def truncated_N(self) -> list[bool]:
-        return [c.finish_reason == "length" for c in self.completions]
+        return [c.truncated for c in self.completions]
+
+    def total_reward_N(self, weights_K: list[float]) -> torch.Tensor:
+        """Weighted reward per completion; NaN where no reward function could score it."""
+        return core.total_reward(self.rewards_NK, torch.tensor(weights_K, dtype=torch.float64))
 
 
 @dataclass
@@ -71,11 +76,15 @@ class PackedBatch:
     completion_ids_NT: torch.Tensor
     mask_NT: torch.Tensor  # 1 on real completion tokens (incl. the first EOS), float
     prompt_len: int  # P
-    sampler_logp_NT: torch.Tensor | None
+    sampler_logp_NT: torch.Tensor | None  # NaN on the rows of completions the engine reported no log-probs for
 
     @property
     def num_completion_tokens(self) -> int:
         return self.completion_ids_NT.shape[1]
+
+    def micro_batches(self, size: int) -> list[slice]:
+        """Row slices of ``size`` completions (the last may be shorter)."""
+        return [slice(i, i + size) for i in range(0, self.input_ids_NL.shape[0], size)]
 
     def rows(self, idx: slice) -> "PackedBatch":
         return PackedBatch(
@@ -94,8 +103,10 @@ def pack(rollouts: Rollouts, pad_token_id: int, device: torch.device) -> PackedB
     ids_NL = torch.full((n, P + T), pad_token_id, dtype=torch.long)
     attn_NL = torch.zeros((n, P + T), dtype=torch.long)
     mask_NT = torch.zeros((n, T), dtype=torch.float32)
-    have_logp = all(c.logprobs is not None for c in rollouts.completions)
-    sampler_NT = torch.zeros((n, T), dtype=torch.float32) if have_logp else None
+    # An engine may report log-probs for some completions only (a server that dropped misaligned ones):
+    # those rows are NaN, which the mismatch metrics and the importance weights read as "not scored".
+    any_logp = any(c.logprobs is not None for c in rollouts.completions)
+    sampler_NT = torch.zeros((n, T), dtype=torch.float32) if any_logp else None
     for i, (p, c) in enumerate(zip(prompts, comps)):
         ids_NL[i, P - len(p): P] = torch.tensor(p, dtype=torch.long)  # prompt left-padded
         attn_NL[i, P - len(p): P] = 1
@@ -103,8 +114,10 @@ def pack(rollouts: Rollouts, pad_token_id: int, device: torch.device) -> PackedB
             ids_NL[i, P: P + len(c)] = torch.tensor(c, dtype=torch.long)  # completion right-padded
             attn_NL[i, P: P + len(c)] = 1
             mask_NT[i, : len(c)] = 1.0
-            if sampler_NT is not None:
-                sampler_NT[i, : len(c)] = torch.tensor(rollouts.completions[i].logprobs, dtype=torch.float32)
+        if sampler_NT is not None and rollouts.completions[i].logprobs is None:
+            sampler_NT[i] = float("nan")
+        elif sampler_NT is not None and c:
+            sampler_NT[i, : len(c)] = torch.tensor(rollouts.completions[i].logprobs, dtype=torch.float32)
     # Positions count real tokens only, as generation does: a left-padded prompt must see the same
     # rotary positions in training as when it was sampled, or trainer and sampler log-probs drift.
     pos_NL = (attn_NL.cumsum(-1) - 1).clamp(min=0)
@@ -117,14 +130,13 @@ def pack(rollouts: Rollouts, pad_token_id: int, device: torch.device) -> PackedB
 def batch_metrics(batch: Rollouts, reward_fns: list, reward_errors: dict[str, int]) -> dict[str, float]:
     """TRL's reward and completion metrics for one generation batch (docs/metrics.md)."""
     rewards_NK, g = batch.rewards_NK, batch.group_size
-    weights_K = torch.tensor([rf.weight for rf in reward_fns], dtype=torch.float64)
-    total_N = torch.nansum(rewards_NK * weights_K, dim=1)
+    total_N = batch.total_reward_N([rf.weight for rf in reward_fns])  # unscorable rows NaN: left out of means
     lengths = torch.tensor([len(c.token_ids) for c in batch.completions], dtype=torch.float64)
     trunc = torch.tensor(batch.truncated_N())
     m: dict[str, float] = {
-        "reward": total_N.mean().item(),
-        "reward_std": total_N.view(-1, g).std(dim=1).mean().item(),
-        "frac_reward_zero_std": (total_N.view(-1, g).std(dim=1) < 1e-6).double().mean().item(),
+        "reward": total_N.nanmean().item(),
+        "reward_std": core.nanstd(total_N.view(-1, g), dim=1).nanmean().item(),
+        "frac_reward_zero_std": core.zero_spread(total_N, g).double().mean().item(),
         "completions/mean_length": lengths.mean().item(),
         "completions/min_length": lengths.min().item(),
         "completions/max_length": lengths.max().item(),
@@ -149,7 +161,7 @@ def completion_records(batch: Rollouts, reward_fns: list, adv_N: torch.Tensor, s
     """One JSON-able dict per completion: what diagnostics and the rollout record read
     (docs/rollout-record.md)."""
     g, out = batch.group_size, []
-    weights = [rf.weight for rf in reward_fns]
+    total_N = batch.total_reward_N([rf.weight for rf in reward_fns]).tolist()
     for i, c in enumerate(batch.completions):
         row, rw = batch.rows[i // g], batch.rewards_NK[i].tolist()
         v = batch.verdicts[i] if batch.verdicts else None
@@ -157,9 +169,9 @@ def completion_records(batch: Rollouts, reward_fns: list, adv_N: torch.Tensor, s
             "step": step, "prompt_id": str(row.get("prompt_id", i // g)), "group": i // g, "index": i % g,
             "prompt": row["prompt"] if isinstance(row["prompt"], str) else str(row["prompt"]),
             "completion": c.text, "n_tokens": len(c.token_ids), "finish_reason": c.finish_reason,
-            "truncated": c.finish_reason == "length",
+            "truncated": c.truncated,
             "rewards": {rf.name: (None if math.isnan(x) else x) for rf, x in zip(reward_fns, rw)},
-            "reward": sum(w * x for w, x in zip(weights, rw) if not math.isnan(x)),
+            "reward": None if math.isnan(total_N[i]) else total_N[i],
             "advantage": float(adv_N[i]), "correct": None if v is None else bool(v.correct),
             "verdict": None if v is None else v.to_dict(), "data_source": row.get("data_source"),
             "columns": {k: val for k, val in row.items() if k not in ("prompt", "prompt_id", "data_source")},

@@ -1,4 +1,4 @@
-"""Atomic, complete checkpoints: a run killed at any moment resumes to the same result (DESIGN.md §9).
+"""Atomic, complete checkpoints: a run killed at any moment resumes to the same result (docs/architecture.md).
 
 A checkpoint is a folder ``OUTPUT_DIR/checkpoints/step-000050/`` holding:
 
@@ -150,3 +150,37 @@ def load_checkpoint(
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
     _set_rng_state(torch.load(path / f"rng-rank{rank}.pt", weights_only=False))
     return state, json.loads((path / f"rank-state{rank}.json").read_text())
+
+
+# ------------------------------------------------------------------ the training loop's state
+
+
+def save_run(run: Any) -> Path:
+    """Every rank calls this: its data position, counters and RNG go into the checkpoint beside rank 0's."""
+    state = {"step": run.step, "engine_version": run.engine_version, "diagnostics": run.diagnostics.state_dict()}
+    rank_state = {"generation": run.generation, "stream": run.stream.state_dict(), "reward_errors": run.reward_errors,
+                  "group_filter": None if run.group_filter is None else run.group_filter.state_dict()}
+    return save_checkpoint(run.run_dir / "checkpoints", run.step, run.model, run.optimizer, run.scheduler,
+                           state, keep=run.cfg.log.save_total_limit, rank_state=rank_state,
+                           rank=run.dist.rank, world=run.dist.world)
+
+
+def resume_run(run: Any) -> Path | None:
+    """Load the checkpoint ``run.cfg.resume`` names into the run's model, optimizer, scheduler, counters and
+    data position (train.py's ``Run``); None when there is none to resume from. Every rank calls this."""
+    if run.cfg.resume is False:
+        return None
+    path = latest_checkpoint(run.run_dir / "checkpoints") if run.cfg.resume is True else Path(run.cfg.resume)
+    if path is None:
+        run.console.info(f"resume: no checkpoint in {run.run_dir / 'checkpoints'} yet; starting fresh")
+        return None
+    state, mine = load_checkpoint(path, run.model, run.optimizer, run.scheduler, run.dist.rank, run.dist.world)
+    run.step, run.generation, run.engine_version = state["step"], mine["generation"], state["engine_version"]
+    run.stream.load_state_dict(mine["stream"])
+    run.diagnostics.load_state_dict(state["diagnostics"])
+    if run.group_filter is not None and mine.get("group_filter") is not None:
+        run.group_filter.load_state_dict(mine["group_filter"])
+    run.reward_errors = mine["reward_errors"]
+    if run.dist.is_main:
+        run.logger.truncate_after(run.step)  # lines the killed attempt wrote after the checkpoint
+    return path

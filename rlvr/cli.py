@@ -29,7 +29,7 @@ def _fail(msg: str, code: int = 2) -> None:
 
 TRAIN_HELP = (
     "Train with GRPO-family RL. With no arguments: the shipped tiny model on the built-in arithmetic task, on CPU.\n\n"
-    "ARGS: an optional YAML config (a path, or the name of a file in configs/) followed by key=value overrides; "
+    "ARGS: an optional YAML config (a path, or the name of a ready config in rlvr/configs/, e.g. dapo_math) followed by key=value overrides; "
     "dotted keys set nested fields (algo.loss_type=gspo), bare TRL names are routed to their section "
     "(loss_type=gspo).\n\nEvery option, with its default:\n\n"
 )
@@ -85,8 +85,7 @@ def eval_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Greedy accuracy, pass@k at a temperature, mean length and truncation rate."""
-    from rlvr.evaluate import evaluate
-    from rlvr.eval_cli import resolve_eval
+    from rlvr.evaluate import evaluate, resolve_eval
 
     try:
         setup = resolve_eval(model, task, data, reward, n_prompts, max_tokens, backend)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -27,6 +27,21 @@ class ConfigError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def registered_choices(field: str) -> tuple[str, ...]:
+    """The valid values of an algorithm field, read from the registry that implements them (``rlvr.core``):
+    registering a new estimator or mode there makes it valid here, with no config edit."""
+    from rlvr import core
+
+    return tuple({
+        "loss_type": core.loss_type_names(),
+        "importance_sampling_level": core.IMPORTANCE_SAMPLING_LEVELS,
+        "scale_rewards": core.SCALE_REWARDS,
+        "advantage_estimator": core.ADVANTAGE_ESTIMATORS.names(),
+        "kl_estimator": core.KL_ESTIMATORS.names(),
+        "sampler_importance_sampling_mode": core.SAMPLER_IS_MODES,
+    }[field])
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,7 +118,9 @@ class RewardSpec(_Section):
 class AlgoConfig(_Section):
     loss_type: str = Field(
         "dapo",
-        description="Objective preset: grpo, bnpo, dr_grpo, dapo, gspo, cispo, sapo, luspo (docs/algorithms.md).",
+        description="Objective preset: grpo, bnpo, dr_grpo, dapo, gspo, cispo, sapo, luspo (docs/algorithms.md). "
+        "'dapo' here is DAPO's token-level loss aggregation only; DAPO's dynamic sampling is the separate "
+        "`dapo:` section.",
     )
     beta: float = Field(0.0, ge=0.0, description="KL coefficient. 0 = no reference model is loaded (TRL default).")
     epsilon: float = Field(0.2, gt=0.0, description="Lower clip range: ratio clipped at 1 - epsilon.")
@@ -112,14 +129,14 @@ class AlgoConfig(_Section):
         "For cispo it is the absolute cap on the ratio, eps_max (TRL's meaning; 5.0 is the usual value)."
     )
     delta: float | None = Field(None, gt=1.0, description="Two-sided clip: cap the unclipped ratio at delta.")
-    importance_sampling_level: Literal["token", "sequence"] | None = Field(
+    importance_sampling_level: str | None = Field(
         None, description="Importance ratio per token or per sequence (GSPO's length-normalised ratio); "
         "None = the preset's own level (sequence for gspo and luspo, token otherwise)."
     )
-    scale_rewards: Literal["group", "batch", "none"] = Field(
+    scale_rewards: str = Field(
         "group", description="Divide centred rewards by the group std, the batch std, or not at all (Dr. GRPO)."
     )
-    advantage_estimator: Literal["grpo", "rloo"] = Field(
+    advantage_estimator: str = Field(
         "grpo", description="Baseline: group mean (grpo) or leave-one-out mean (rloo)."
     )
     num_iterations: int = Field(1, ge=1, description="Updates per generation batch (PPO's mu).")
@@ -129,7 +146,7 @@ class AlgoConfig(_Section):
     top_entropy_quantile: float = Field(
         1.0, gt=0.0, le=1.0, description="Train only on the top-q highest-entropy tokens (1.0 = all)."
     )
-    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator (Schulman).")
+    kl_estimator: str = Field("k3", description="Per-token KL estimator (Schulman): k1, k2 or k3.")
     use_bias_correction_kl: bool = Field(
         True, description="Multiply the k3 KL by the importance ratio (TRL default)."
     )
@@ -139,22 +156,22 @@ class AlgoConfig(_Section):
         "(TRL's vllm_importance_sampling_correction). Only acts when the engine reports log-probs "
         "that can differ from the trainer's (vLLM, stale servers).",
     )
-    sampler_importance_sampling_mode: Literal[
-        "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
-    ] = Field("sequence_mask", description="How the sampler importance weights are applied.")
+    sampler_importance_sampling_mode: str = Field(
+        "sequence_mask", description="How the sampler importance weights are applied: token_truncate, token_mask, "
+        "sequence_truncate or sequence_mask (TRL's vllm_importance_sampling_mode)."
+    )
     sampler_importance_sampling_clip_max: float | None = Field(3.0, description="Upper bound on the weights.")
     sampler_importance_sampling_clip_min: float | None = Field(None, description="Lower bound (mask modes).")
     sapo_temperature_pos: float = Field(1.0, gt=0.0, description="SAPO gate temperature for positive advantages.")
     sapo_temperature_neg: float = Field(1.05, gt=0.0, description="SAPO gate temperature for negative advantages.")
 
-    @field_validator("loss_type")
+    @field_validator("loss_type", "importance_sampling_level", "scale_rewards", "advantage_estimator",
+                     "kl_estimator", "sampler_importance_sampling_mode")
     @classmethod
-    def _known_loss(cls, v: str) -> str:
-        from rlvr.core import loss_type_names
-
-        names = loss_type_names()
-        if v not in names:
-            raise ValueError(f"unknown loss_type {v!r}; valid choices: {', '.join(names)}")
+    def _registered(cls, v: str | None, info: ValidationInfo) -> str | None:
+        names = registered_choices(info.field_name)
+        if v is not None and v not in names:
+            raise ValueError(f"unknown {info.field_name} {v!r}; valid choices: {', '.join(names)}")
         return v
 
 
@@ -188,6 +205,22 @@ class RolloutConfig(_Section):
         return v
 
 
+def stale_sampler_problem(backend: str, engine_options: dict, allow_stale_sampler: bool,
+                          receives_weights: bool | None = None) -> str | None:
+    """The one stale-sampler rule, read from the engine's declared ``receives_weights`` capability (its
+    class's at config load; pass the built engine's own value to check again once it exists)."""
+    if receives_weights is None:
+        from rlvr.rollout import engine_class
+
+        receives_weights = engine_class(backend, engine_options).receives_weights
+    if receives_weights or allow_stale_sampler:
+        return None
+    return (f"rollout.backend={backend} cannot receive new weights after each step, so it samples from a stale "
+            "policy; set rollout.allow_stale_sampler=true to accept that (the lag is logged as policy_lag and "
+            "corrected by importance sampling; the openai engine's engine_options.reload_every=k bounds it), "
+            "or use a backend that takes weights (native, hf, vllm)")
+
+
 class TrainConfig(_Section):
     learning_rate: float = Field(
         3e-4, gt=0.0, description="Peak learning rate. 3e-4 suits the shipped 0.34M-parameter model (1e-3 "
@@ -217,13 +250,18 @@ class TrainConfig(_Section):
     )
 
     @property
-    def spg(self) -> int:
+    def micro_batches_per_generation(self) -> int:
+        """steps_per_generation resolved: micro-batches one generation batch is cut into."""
         return self.steps_per_generation or self.gradient_accumulation_steps
 
 
 class DapoConfig(_Section):
+    """DAPO's dynamic sampling and prompt skipping: which groups a generation batch keeps (batch assembly).
+    Independent of the loss: `algo.loss_type=dapo` (the default preset) does not turn any of this on."""
+
     dynamic_sampling: bool = Field(
-        False, description="Drop zero-spread groups and sample more prompts until the batch is full (DAPO)."
+        False, description="Drop zero-spread groups and sample more prompts until the batch is full (DAPO's "
+        "dynamic sampling; not the `dapo` loss preset)."
     )
     max_generation_rounds: int = Field(4, ge=1, description="Sampling rounds per batch before training on what there is.")
     oversample_factor: float = Field(1.0, ge=1.0, description="Prompts drawn per round, as a multiple of the need.")
@@ -269,7 +307,7 @@ class Config(_Section):
     @field_validator("rewards")
     @classmethod
     def _known_rewards(cls, specs: list[RewardSpec]) -> list[RewardSpec]:
-        from rlvr.scoring import reward_names
+        from rlvr.rewards.scoring import reward_names
 
         names = reward_names()
         for s in specs:
@@ -283,17 +321,18 @@ class Config(_Section):
     @model_validator(mode="after")
     def _consistent(self) -> "Config":
         g, t = self.rollout.num_generations, self.train
+        steps_per_generation = t.micro_batches_per_generation
         problems = []
-        if t.per_device_train_batch_size * t.spg % g:
+        if t.per_device_train_batch_size * steps_per_generation % g:
             problems.append(
                 f"the generation batch (per_device_train_batch_size {t.per_device_train_batch_size} x "
-                f"steps_per_generation {t.spg}) must be divisible by rollout.num_generations {g}: "
+                f"steps_per_generation {steps_per_generation}) must be divisible by rollout.num_generations {g}: "
                 "each prompt's group must be whole"
             )
-        if t.spg % t.gradient_accumulation_steps:
+        if steps_per_generation % t.gradient_accumulation_steps:
             problems.append(
-                f"train.steps_per_generation ({t.spg}) must be a multiple of gradient_accumulation_steps "
-                f"({t.gradient_accumulation_steps})"
+                f"train.steps_per_generation ({steps_per_generation}) must be a multiple of "
+                f"gradient_accumulation_steps ({t.gradient_accumulation_steps})"
             )
         if self.data.path is None and self.data.task is None:
             problems.append("set data.path (a dataset file) or data.task (a built-in task)")
@@ -304,16 +343,18 @@ class Config(_Section):
                 problems.append(f"unknown data.task {self.data.task!r}; valid choices: {', '.join(TASKS.names())}")
         if self.data.path is not None and not self.rewards:
             problems.append("a dataset from data.path needs `rewards:` (e.g. [{name: math}])")
-        if self.rollout.backend == "openai" and not self.rollout.allow_stale_sampler:
+        stale = stale_sampler_problem(self.rollout.backend, self.rollout.engine_options,
+                                      self.rollout.allow_stale_sampler)
+        if stale:
+            problems.append(stale)
+        from rlvr.core import LOSS_TYPES
+
+        min_cap, algo = LOSS_TYPES.get(self.algo.loss_type).min_epsilon_high, self.algo
+        if min_cap is not None and (algo.epsilon_high is None or algo.epsilon_high < min_cap):
             problems.append(
-                "rollout.backend=openai samples from a server that holds its own weights (a stale policy); "
-                "set rollout.allow_stale_sampler=true to accept that (the lag is logged and corrected by "
-                "importance sampling; engine_options.reload_every=k bounds it)"
-            )
-        if self.algo.loss_type == "cispo" and (self.algo.epsilon_high is None or self.algo.epsilon_high < 1.0):
-            problems.append(
-                f"loss_type cispo caps the ratio at epsilon_high (eps_max), which is {self.algo.epsilon_high}; "
-                "a cap below 1 stops every token from learning. Set algo.epsilon_high (5.0 in MiniMax-M1/ScaleRL)"
+                f"loss_type {algo.loss_type} caps the ratio at epsilon_high (eps_max), which is {algo.epsilon_high}; "
+                f"a cap below {min_cap:g} stops every token from learning. Set algo.epsilon_high (5.0 in "
+                "MiniMax-M1/ScaleRL)"
             )
         if self.algo.epsilon >= 1.0:
             problems.append(f"algo.epsilon {self.algo.epsilon} must be < 1 (the ratio is clipped at 1 - epsilon)")
@@ -325,7 +366,7 @@ class Config(_Section):
     @property
     def generation_batch_size(self) -> int:
         """Completions per generation batch (N = B·G), on one process."""
-        return self.train.per_device_train_batch_size * self.train.spg
+        return self.train.per_device_train_batch_size * self.train.micro_batches_per_generation
 
     @property
     def prompts_per_generation(self) -> int:
@@ -446,12 +487,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         p = Path(path)
         if not p.exists():
-            # A bare name like `dapo_math` resolves to configs/<name>.yaml in the repository.
-            alt = Path(__file__).resolve().parent.parent / "configs" / f"{p.stem}.yaml"
+            # A bare name like `dapo_math` resolves to the ready config shipped in the package (rlvr/configs/).
+            alt = Path(__file__).resolve().parent / "configs" / f"{p.stem}.yaml"
             if p.suffix in ("", ".yaml", ".yml") and alt.exists():
                 p = alt
             else:
-                raise ConfigError(f"config file {str(path)!r} does not exist")
+                raise ConfigError(f"config file {str(path)!r} does not exist (nor is it a ready config: "
+                                  f"{', '.join(sorted(q.stem for q in alt.parent.glob('*.yaml')))})")
         try:
             loaded = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
@@ -462,6 +504,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     tree = _merge(tree, parse_overrides(overrides or []))
     try:
         return Config.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e)) from None
+
+
+def override_config(tree: dict | None, overrides: list[str]) -> Config:
+    """A config tree (e.g. a run's resolved config.yaml, as a dict) with key=value overrides applied, validated."""
+    try:
+        return Config.model_validate(_merge(tree or {}, parse_overrides(overrides)))
     except ValidationError as e:
         raise ConfigError(format_validation_error(e)) from None
 
@@ -482,6 +532,8 @@ def _option_sections(model: type[BaseModel] | None = None, prefix: str = "") -> 
         else:
             own.append((f"{prefix}{name}", f.get_default(call_default_factory=True), f.description or ""))
     title = f"`{prefix[:-1]}`" if prefix else "top level"
+    if own and prefix and "__doc__" in vars(model) and model.__doc__:  # a section's own docstring introduces it
+        title += "\n\n" + " ".join(model.__doc__.split())
     return ([(title, own)] if own else []) + subs
 
 

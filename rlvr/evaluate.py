@@ -1,6 +1,8 @@
 """Held-out evaluation: greedy accuracy, pass@k at a temperature, mean length, truncation rate.
 
-Used by `rlvr train` (before and after training, and every ``log.eval_steps``) and `rlvr eval`.
+Used by `rlvr train` (before and after training, and every ``log.eval_steps``) and `rlvr eval`
+(``resolve_eval`` turns its arguments, a run folder / model folder / 'tiny' plus a task or dataset,
+into what ``evaluate`` needs).
 A completion is *correct* when the correctness checker's verdict says so; for a plain reward
 function without verdicts, when its reward is >= 1.
 """
@@ -8,11 +10,16 @@ function without verdicts, when its reward is >= 1.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from rlvr.prompts import as_completion_payload, encode_prompts
+import torch
+
+from rlvr.config import Config, load_config, override_config
+from rlvr.rewards.scoring import RewardFn, load_reward_functions, reward_specs, score
 from rlvr.rollout.base import RolloutEngine, SamplingParams
-from rlvr.scoring import RewardFn, score
+from rlvr.tasks.prompts import as_completion_payload, encode_prompts
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -61,7 +68,7 @@ def evaluate(
         part = rows[start: start + max(1, chunk // n)]
         prompts = [r["prompt"] for r in part]
         comps = engine.generate(encode_prompts(tokenizer, prompts, max_prompt_length), n, sampling)
-        trunc = [c.finish_reason == "length" for c in comps]
+        trunc = [c.truncated for c in comps]
         cols = {k: [r.get(k) for r in part for _ in range(n)] for k in part[0] if k != "prompt"}
         cols["truncated"] = trunc
         flat_prompts = [p for p in prompts for _ in range(n)]
@@ -83,3 +90,52 @@ def evaluate(
         if k <= n and temperature > 0:
             out[f"pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct_per_prompt) / len(correct_per_prompt)
     return out
+
+
+@dataclass
+class EvalSetup:
+    model_path: str
+    engine: Any
+    tokenizer: Any
+    rows: list[dict]
+    reward_fns: list[RewardFn]
+    max_tokens: int
+    stop: tuple[str, ...]
+
+
+def resolve_eval(model: str, task: str | None, data: str | None, reward: str | None, n_prompts: int,
+                 max_tokens: int | None, backend: str) -> EvalSetup:
+    from rlvr.builders import load_model, load_tokenizer, resolve_model_path
+    from rlvr.tasks.stream import eval_rows
+    from rlvr.rollout import make_engine
+
+    run_cfg: Config | None = None
+    p = Path(model)
+    if (p / "config.yaml").exists():  # a run folder: its final weights and its own task/rewards
+        run_cfg = load_config(p / "config.yaml")
+        if not (p / "final").exists():
+            raise ValueError(f"run folder {model!r} has no final/ model yet (is it still training?)")
+        model_path = str(p / "final")
+    else:
+        model_path = resolve_model_path(model)
+    overrides = [f"data.eval_size={n_prompts}", f"model.path={model_path}"]
+    if data is not None:
+        overrides += [f"data.path={data}", f"data.eval_path={data}"]
+        if reward is None and (run_cfg is None or not run_cfg.rewards):
+            raise ValueError("--data needs --reward (the correctness checker, e.g. --reward math)")
+    if task is not None:
+        overrides += [f"data.task={task}", "data.path=null", "data.eval_path=null"]
+    if reward is not None:
+        overrides += [f"rewards=[{{name: {reward}}}]"]
+    cfg = override_config(run_cfg.model_dump(mode="json") if run_cfg else None, overrides)
+    rows = eval_rows(cfg)
+    if not rows:
+        raise ValueError("nothing to evaluate: give --task or --data with held-out prompts")
+    tokenizer = load_tokenizer(model_path)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    net = load_model(cfg, device, trainable=False)  # the run's dtype, eval mode, no gradients
+    engine = make_engine(backend, net, tokenizer)
+    mt = max_tokens or cfg.rollout.max_completion_length
+    return EvalSetup(model_path, engine, tokenizer, rows, load_reward_functions(reward_specs(cfg)), mt,
+                     tuple(cfg.rollout.stop))
+

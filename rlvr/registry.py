@@ -1,5 +1,5 @@
 """One small registry type, used only for leaves (objectives, aggregations, advantage estimators,
-reward functions, tasks). Unknown names fail with the list of valid ones (DESIGN.md §3)."""
+reward functions, tasks). Unknown names fail with the list of valid ones (docs/architecture.md)."""
 
 from __future__ import annotations
 

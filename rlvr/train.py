@@ -1,47 +1,40 @@
-"""THE loop. One GRPO step, in the order of DESIGN.md §2:
+"""THE loop. One GRPO step, phase by phase (docs/architecture.md):
 
-    rollout -> reward -> advantage -> logprobs -> update -> sync -> log
+    collect (draw -> rollout -> reward -> keep) -> advantage -> logprobs -> update -> sync -> log
 
-Each phase is one function below, timed as ``timing/<phase>``. ``train(cfg)`` reads top to bottom;
-copy it if you need a different loop. The math lives in ``rlvr.core`` (pure tensor functions),
-the checkers in ``rlvr.rewards``, sampling behind ``rlvr.rollout.RolloutEngine``.
-
-Units (TRL's): a *generation batch* holds ``per_device_train_batch_size x steps_per_generation``
-completions, B = that / G prompts. It is cut into ``steps_per_generation`` micro-batches;
-``gradient_accumulation_steps`` micro-batches make one optimizer step; the whole batch is
-reused ``num_iterations`` times. ``max_steps``, ``save_steps`` and ``logging_steps`` count
-optimizer steps. Checkpoints are taken between generation batches.
-
-Many processes (``torchrun``, rlvr/distributed.py): every rank runs this same loop on its own
-disjoint prompts, so a generation batch is world x that many completions; groups stay whole on one
-rank, gradients are averaged by DDP, and rank 0 alone logs, evaluates and writes the run folder.
+Each phase is one function below, timed as ``timing/<phase>``, and returns what it produces.
+``train(cfg)`` reads top to bottom; copy it if you need a different loop. The math lives in
+``rlvr.core`` (pure tensor functions), the checkers in ``rlvr.rewards``, sampling behind
+``rlvr.rollout.RolloutEngine``, whose declared capabilities are all the loop asks of an engine.
+Units (TRL's: generation batch, micro-batch, optimizer step) and what changes with several processes
+(``torchrun``: disjoint prompts per rank, groups whole on one rank, rank 0 logs) are in the architecture page.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from rlvr import core, distributed
 from rlvr.batch import PackedBatch, Rollouts, batch_metrics, completion_records, pack
-from rlvr.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from rlvr.components import (MetricLogger, PhaseTimer, build_optimizer, build_scheduler, load_model,
-                             load_tokenizer, write_run_header)
+from rlvr.builders import (build_engine, build_loss_settings, build_optimizer, build_scheduler, load_model,
+                           load_tokenizer)
+from rlvr.checkpoint import resume_run, save_run
 from rlvr.config import Config
 from rlvr.console import Console
-from rlvr.dapo import GroupFilter
-from rlvr.data import PromptStream, eval_rows
+from rlvr.diagnostics.sinks import MetricLogger, PhaseTimer, write_run_header
+from rlvr.dynamic_sampling import GroupFilter
 from rlvr.evaluate import evaluate
-from rlvr.prompts import as_completion_payload, encode_prompts
-from rlvr.rollout import check_mismatch, logprob_mismatch_metrics, make_engine
+from rlvr.rewards.scoring import RewardFn, load_reward_functions, reward_specs, score
+from rlvr.rollout import check_mismatch, logprob_mismatch_metrics
 from rlvr.rollout.base import RolloutEngine, SamplingParams
-from rlvr.scoring import RewardFn, load_reward_functions, reward_specs, score
+from rlvr.tasks.prompts import as_completion_payload, encode_prompts
+from rlvr.tasks.stream import PromptStream, eval_rows
 
 
 @dataclass
@@ -62,7 +55,7 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: Any
     diagnostics: Any
-    groups: GroupFilter
+    group_filter: GroupFilter | None  # DAPO dynamic sampling / prompt skipping; None when both are off
     logger: MetricLogger | None  # rank 0 only
     console: Console
     timer: PhaseTimer = field(default_factory=PhaseTimer)
@@ -72,41 +65,77 @@ class Run:
     reward_errors: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass
+class LogProbs:
+    """What the log-prob phase hands the update: per-token tensors over the whole generation batch."""
+
+    old_NT: torch.Tensor | None  # sampling-time policy; None when the ratio is exactly 1 (no pass needed)
+    ref_NT: torch.Tensor | None  # frozen reference; None when beta = 0
+    loss_mask_NT: torch.Tensor  # completion tokens that carry loss (truncated rows out with DAPO's overlong filter)
+    sampler_weight_NT: torch.Tensor | None  # truncated importance weights pi_old / pi_sampler, or None
+    sampler_metrics: dict[str, torch.Tensor]
+
+
 # ------------------------------------------------------------------------------------ phases
 
 
-def rollout(run: Run, num_prompts: int) -> Rollouts:
-    """Draw prompts and sample G completions each, through the engine."""
-    cfg, g = run.cfg, run.cfg.rollout.num_generations
-    rows = run.groups.draw(run.stream, num_prompts)
+def collect(run: Run) -> Rollouts:
+    """Batch assembly: draw prompts, sample and score G completions each. With DAPO dynamic sampling,
+    zero-spread groups are dropped and more prompts drawn, for at most ``max_generation_rounds``."""
+    need, group_filter = run.cfg.prompts_per_generation, run.group_filter
+    rounds = run.cfg.dapo.max_generation_rounds if run.cfg.dapo.dynamic_sampling else 1
+    batch = Rollouts(run.cfg.rollout.num_generations)
+    for _round in range(rounds):
+        missing = need - batch.num_groups
+        rows = (run.stream.take(missing) if group_filter is None
+                else group_filter.draw(run.stream, group_filter.prompts_to_draw(missing)))
+        with run.timer("rollout"):
+            part = rollout(run, rows)
+        with run.timer("reward"):
+            part = reward(run, part)
+        batch.extend(part if group_filter is None else group_filter.keep(part))
+        if batch.num_groups >= need:
+            break
+    if group_filter is not None:
+        batch = group_filter.finalize(batch, need, last_part=part)
+    same_on_every_rank = distributed.common_count(batch.num_groups)  # ranks must take the same optimizer steps
+    return batch.select_groups(list(range(same_on_every_rank))) if same_on_every_rank < batch.num_groups else batch
+
+
+def sampling_params(cfg: Config, seed: int | None = None) -> SamplingParams:
+    rollout_cfg = cfg.rollout
+    return SamplingParams(temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p, top_k=rollout_cfg.top_k,
+                          min_p=rollout_cfg.min_p, repetition_penalty=rollout_cfg.repetition_penalty,
+                          max_tokens=rollout_cfg.max_completion_length, stop=tuple(rollout_cfg.stop), seed=seed)
+
+
+def rollout(run: Run, rows: list[dict]) -> Rollouts:
+    """Sample G completions for each prompt row, through the engine."""
+    cfg, group_size = run.cfg, run.cfg.rollout.num_generations
     prompt_ids = encode_prompts(run.tokenizer, [r["prompt"] for r in rows], cfg.rollout.max_prompt_length)
-    r = cfg.rollout
     # Each rank its own sampling stream (rank 0 keeps the one-process seeds): resumable, never shared.
-    sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, min_p=r.min_p,
-                              repetition_penalty=r.repetition_penalty, max_tokens=r.max_completion_length,
-                              stop=tuple(r.stop),
-                              seed=cfg.train.seed * 1_000_003 + run.generation + run.dist.rank * 7_919_993)
+    seed = cfg.train.seed * 1_000_003 + run.generation + run.dist.rank * 7_919_993
     run.generation += 1
-    completions = run.engine.generate(prompt_ids, g, sampling)
-    return Rollouts(g, rows, prompt_ids, completions, policy_lag=run.step - run.engine_version)
+    completions = run.engine.generate(prompt_ids, group_size, sampling_params(cfg, seed))
+    return Rollouts(group_size, rows, prompt_ids, completions, policy_lag=run.step - run.engine_version)
 
 
-def reward(run: Run, batch: Rollouts) -> None:
-    """Score every completion with every reward function -> batch.rewards_NK (NaN = not scorable)."""
-    g = batch.group_size
-    prompts = [batch.rows[i // g]["prompt"] for i in range(len(batch))]
+def reward(run: Run, batch: Rollouts) -> Rollouts:
+    """Score every completion with every reward function: the batch with rewards_NK (NaN = not scorable)."""
+    group_size = batch.group_size
+    prompts = [batch.rows[i // group_size]["prompt"] for i in range(len(batch))]
     texts = [as_completion_payload(p, c.text) for p, c in zip(prompts, batch.completions)]
-    columns = {k: [batch.rows[i // g].get(k) for i in range(len(batch))]
+    columns = {k: [batch.rows[i // group_size].get(k) for i in range(len(batch))]
                for k in batch.rows[0] if k != "prompt"}
     columns["truncated"] = batch.truncated_N()
-    res = score(run.reward_fns, prompts, texts, [c.token_ids for c in batch.completions], columns)
-    for name, count in res.errors.items():
+    scored = score(run.reward_fns, prompts, texts, [c.token_ids for c in batch.completions], columns)
+    for name, count in scored.errors.items():
         run.reward_errors[name] = run.reward_errors.get(name, 0) + count
-    for msg in res.error_messages:
+    for msg in scored.error_messages:
         run.console.warn(msg)
-    for name, count in res.nan_count.items():
+    for name, count in scored.nan_count.items():
         run.console.warn(f"reward function {name!r} returned NaN for {count} completions; treated as None")
-    batch.rewards_NK, batch.verdicts = res.rewards_NK, res.verdicts
+    return replace(batch, rewards_NK=scored.rewards_NK, verdicts=scored.verdicts)
 
 
 def advantage(run: Run, batch: Rollouts) -> torch.Tensor:
@@ -114,12 +143,12 @@ def advantage(run: Run, batch: Rollouts) -> torch.Tensor:
     Groups are whole on one rank, but batch statistics (scale_rewards="batch", the batch-normalised
     estimators) are over the whole generation batch: with several ranks, gather every rank's rewards
     (one all-gather of N x K floats), compute as one process would, keep this rank's rows."""
-    a = run.cfg.algo
+    algo = run.cfg.algo
     weights_K = torch.tensor([rf.weight for rf in run.reward_fns], dtype=torch.float64)
     n = len(batch)
     adv_N = core.compute_advantages(distributed.all_gather_rows(batch.rewards_NK), group_size=batch.group_size,
-                                    weights_K=weights_K, scale_rewards=a.scale_rewards,
-                                    estimator=a.advantage_estimator)
+                                    weights_K=weights_K, scale_rewards=algo.scale_rewards,
+                                    estimator=algo.advantage_estimator)
     return adv_N[run.dist.rank * n: (run.dist.rank + 1) * n]
 
 
@@ -127,144 +156,140 @@ def completion_logprobs(run: Run, model: torch.nn.Module, mb: PackedBatch,
                         with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward over [prompt | completion]; log-probs (and entropy) of the completion tokens from
     temperature-scaled logits, as the sampler drew them. Only the last T+1 positions get logits."""
-    T = mb.num_completion_tokens
+    num_tokens = mb.num_completion_tokens
     out = model(input_ids=mb.input_ids_NL, attention_mask=mb.attention_mask_NL, position_ids=mb.position_ids_NL,
-                use_cache=False, logits_to_keep=T + 1)
+                use_cache=False, logits_to_keep=num_tokens + 1)
     logits_NTV = out.logits[:, :-1, :]  # position t predicts token t+1
-    temp = run.cfg.rollout.temperature or 1.0  # greedy sampling: log-probs of the plain distribution
-    logp_NT = core.token_logprobs(logits_NTV, mb.completion_ids_NT, temperature=temp)
-    ent_NT = core.entropy_from_logits(logits_NTV.detach(), temperature=temp) if with_entropy else None
+    temperature = run.cfg.rollout.temperature or 1.0  # greedy sampling: log-probs of the plain distribution
+    logp_NT = core.token_logprobs(logits_NTV, mb.completion_ids_NT, temperature=temperature)
+    ent_NT = core.entropy_from_logits(logits_NTV.detach(), temperature=temperature) if with_entropy else None
     return logp_NT, ent_NT
 
 
-def micro_batches(n: int, size: int) -> list[slice]:
-    return [slice(i, i + size) for i in range(0, n, size)]
-
-
 @torch.no_grad()
-def logprobs(run: Run, packed: PackedBatch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """old_logp (only when the ratio can differ from 1) and ref_logp (only when beta > 0).
-    Each is one extra forward pass over the generation batch."""
-    cfg = run.cfg
-    needs_old = (cfg.algo.num_iterations > 1 or cfg.train.spg > cfg.train.gradient_accumulation_steps
-                 or not run.engine.samples_live_policy)
+def logprobs(run: Run, packed: PackedBatch, truncated_N: torch.Tensor) -> LogProbs:
+    """old_logp (only when the ratio can differ from 1) and ref_logp (only when beta > 0), each one extra
+    forward pass over the generation batch; then the loss mask and the sampler importance weights."""
+    cfg, algo, engine = run.cfg, run.cfg.algo, run.engine
+    needs_old = (algo.num_iterations > 1 or cfg.train.micro_batches_per_generation > cfg.train.gradient_accumulation_steps
+                 or not engine.samples_live_policy)
     old_NT = ref_NT = None
-    mbs = micro_batches(packed.input_ids_NL.shape[0], cfg.train.per_device_train_batch_size)
+    mbs = packed.micro_batches(cfg.train.per_device_train_batch_size)
     if needs_old:
         was_training = run.model.training
         run.model.eval()
         old_NT = torch.cat([completion_logprobs(run, run.model, packed.rows(s))[0] for s in mbs])
         run.model.train(was_training)
-    if cfg.algo.beta > 0:
-        ref = run.ref_model
-        if ref is None:  # LoRA: the reference is the base model, i.e. the adapter switched off
+    if algo.beta > 0:
+        if run.ref_model is None:  # LoRA: the reference is the base model, i.e. the adapter switched off
             with run.model.disable_adapter():
                 ref_NT = torch.cat([completion_logprobs(run, run.model, packed.rows(s))[0] for s in mbs])
         else:
-            ref_NT = torch.cat([completion_logprobs(run, ref, packed.rows(s))[0] for s in mbs])
-    return old_NT, ref_NT
+            ref_NT = torch.cat([completion_logprobs(run, run.ref_model, packed.rows(s))[0] for s in mbs])
+    loss_mask_NT = packed.mask_NT
+    if algo.mask_truncated_completions:  # DAPO overlong filtering: truncated completions carry no loss
+        loss_mask_NT = loss_mask_NT * (~truncated_N).to(loss_mask_NT.dtype).unsqueeze(1)
+    weight_NT, weight_metrics = None, {}
+    # A sampler that is not the live policy (vLLM, a stale server) and reports its log-probs: correct for it.
+    if (old_NT is not None and packed.sampler_logp_NT is not None and engine.reports_logprobs
+            and not engine.samples_live_policy and algo.sampler_importance_sampling_correction):
+        weight_NT, weight_metrics = core.sampler_importance_weights(
+            old_NT, packed.sampler_logp_NT, loss_mask_NT, mode=algo.sampler_importance_sampling_mode,
+            clip_max=algo.sampler_importance_sampling_clip_max, clip_min=algo.sampler_importance_sampling_clip_min)
+    return LogProbs(old_NT, ref_NT, loss_mask_NT, weight_NT, weight_metrics)
 
 
-def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, old_NT: torch.Tensor | None,
-           ref_NT: torch.Tensor | None, truncated_N: torch.Tensor) -> list[dict[str, float]]:
+def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, logps: LogProbs) -> list[dict[str, float]]:
     """num_iterations passes over the generation batch; one optimizer step per GA micro-batches."""
-    cfg, a, t = run.cfg, run.cfg.algo, run.cfg.train
-    mask_NT = packed.mask_NT
-    if a.mask_truncated_completions:  # DAPO overlong filtering: truncated completions carry no loss
-        mask_NT = mask_NT * (~truncated_N).to(mask_NT.dtype).unsqueeze(1)
+    cfg, train_cfg = run.cfg, run.cfg.train
+    accumulation = train_cfg.gradient_accumulation_steps
+    mask_NT, settings = logps.loss_mask_NT, build_loss_settings(cfg.algo)
     # Active tokens of the whole generation batch over all ranks (the dapo/cispo normaliser, TRL's
     # num_items_in_batch): one scalar all-reduce per generation batch.
-    num_items = distributed.all_reduce_sum(mask_NT.sum())
-    is_w_NT, step_metrics, is_metrics = None, [], {}
-    if old_NT is not None and packed.sampler_logp_NT is not None and not run.engine.samples_live_policy \
-            and a.sampler_importance_sampling_correction:
-        is_w_NT, is_metrics = core.sampler_importance_weights(
-            old_NT, packed.sampler_logp_NT, mask_NT, mode=a.sampler_importance_sampling_mode,
-            clip_max=a.sampler_importance_sampling_clip_max, clip_min=a.sampler_importance_sampling_clip_min)
-    mbs = micro_batches(packed.input_ids_NL.shape[0], t.per_device_train_batch_size)
-    for _ in range(a.num_iterations):
-        for first in range(0, len(mbs), t.gradient_accumulation_steps):
+    geometry = core.BatchGeometry(
+        gradient_accumulation_steps=accumulation, steps_per_generation=train_cfg.micro_batches_per_generation,
+        num_processes=run.dist.world, num_items_in_batch=distributed.all_reduce_sum(mask_NT.sum()),
+        max_completion_length=cfg.rollout.max_completion_length)
+    rows = lambda x, s: None if x is None else x[s]  # noqa: E731 - a micro-batch's rows of an optional tensor
+    step_metrics = []
+    mbs = packed.micro_batches(train_cfg.per_device_train_batch_size)
+    for _ in range(cfg.algo.num_iterations):
+        for first in range(0, len(mbs), accumulation):
             sums: dict[str, float] = {}
-            window = mbs[first: first + t.gradient_accumulation_steps]
+            window = mbs[first: first + accumulation]
             for j, s in enumerate(window):
                 with distributed.no_sync(run.policy, sync=j == len(window) - 1):  # DDP: all-reduce once per step
                     logp_NT, ent_NT = completion_logprobs(run, run.policy, packed.rows(s), with_entropy=True)
-                    loss, metrics = core.policy_loss(
-                        logp_NT, None if old_NT is None else old_NT[s], adv_N[s].to(logp_NT.dtype), mask_NT[s],
-                        loss_type=a.loss_type, beta=a.beta, ref_logp_NT=None if ref_NT is None else ref_NT[s],
-                        epsilon=a.epsilon, epsilon_high=a.epsilon_high, delta=a.delta,
-                        importance_sampling_level=a.importance_sampling_level,
-                        max_completion_length=cfg.rollout.max_completion_length, num_items_in_batch=num_items,
-                        gradient_accumulation_steps=t.gradient_accumulation_steps, steps_per_generation=t.spg,
-                        num_processes=run.dist.world, kl_estimator=a.kl_estimator,
-                        kl_bias_correction=a.use_bias_correction_kl,
-                        sapo_temperature_pos=a.sapo_temperature_pos, sapo_temperature_neg=a.sapo_temperature_neg,
-                        entropy_NT=ent_NT, top_entropy_quantile=a.top_entropy_quantile,
-                        sampler_is_weights_NT=None if is_w_NT is None else is_w_NT[s])
+                    loss, metrics = core.policy_loss_from(
+                        settings, geometry, logp_NT, rows(logps.old_NT, s), adv_N[s].to(logp_NT.dtype), mask_NT[s],
+                        ref_logp_NT=rows(logps.ref_NT, s), entropy_NT=ent_NT,
+                        sampler_is_weights_NT=rows(logps.sampler_weight_NT, s))
                     loss.backward()
                 metrics["loss"] = loss.detach()
                 if packed.sampler_logp_NT is not None:  # honest log-probs: sampler vs trainer, every step
-                    metrics.update(logprob_mismatch_metrics(packed.sampler_logp_NT[s], logp_NT.detach(), mask_NT[s]))
+                    sampler_NT = packed.sampler_logp_NT[s]
+                    scored_NT = mask_NT[s] * ~torch.isnan(sampler_NT)  # rows the engine gave no log-probs for: skipped
+                    metrics.update(logprob_mismatch_metrics(sampler_NT, logp_NT.detach(), scored_NT))
                 # One host sync per micro-batch, after backward: every metric in one stacked copy.
                 values = torch.stack([v.detach().float().reshape(()) for v in metrics.values()]).tolist()
                 for k, v in zip(metrics, values):
                     # The loss is already scaled for accumulation (its GA parts add up); others are averaged.
-                    scale = 1.0 if k == "loss" else 1.0 / t.gradient_accumulation_steps
-                    sums[k] = sums.get(k, 0.0) + v * scale
-            sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(run.model.parameters(), t.max_grad_norm))
+                    sums[k] = sums.get(k, 0.0) + v * (1.0 if k == "loss" else 1.0 / accumulation)
+            sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(run.model.parameters(), train_cfg.max_grad_norm))
             sums["learning_rate"] = run.scheduler.get_last_lr()[0]
             run.optimizer.step()
             run.scheduler.step()
             run.optimizer.zero_grad(set_to_none=True)
             run.step += 1
-            sums.update({k: float(v) for k, v in is_metrics.items()})
+            sums.update({k: float(v) for k, v in logps.sampler_metrics.items()})
             step_metrics.append(sums)
-            if run.step >= t.max_steps:
+            if run.step >= train_cfg.max_steps:
                 return step_metrics
     return step_metrics
 
 
 def sync(run: Run) -> None:
     """Hand new weights to an engine that keeps its own copy (vLLM); live engines need nothing. A stale
-    server (``policy_lag`` attribute) only counts the step, or reloads an export every k steps."""
+    server only counts the step, or reloads an export every k steps: while its ``policy_lag`` is above 0
+    it still serves older weights and engine_version stays where it was."""
     if not run.engine.samples_live_policy:
         run.engine.load_weights((n, p.detach()) for n, p in run.model.named_parameters())
-        if getattr(run.engine, "policy_lag", 0) > 0:
-            return  # the engine still serves older weights: engine_version stays where it was
-    run.engine_version = run.step
+    if run.engine.policy_lag == 0:
+        run.engine_version = run.step
 
 
 def log(run: Run, batch: Rollouts, adv_N: torch.Tensor, step_metrics: list[dict[str, float]]) -> None:
     """Metrics line, diagnostics (group outcomes, hacking monitors), samples, console. With several
     ranks, rank 0 gathers every rank's batch (one pickled gather per generation batch) and describes
     the whole generation batch, as one process would; per-rank scalars are averaged, counts summed."""
-    local = (batch, adv_N, step_metrics, run.reward_errors, run.groups.pop_metrics(), run.timer.pop())
+    filter_metrics = run.group_filter.pop_metrics() if run.group_filter is not None else {}
+    local = (batch, adv_N, step_metrics, run.reward_errors, filter_metrics, run.timer.pop())
     parts = distributed.gather_to_main(local)
     if parts is None:
         return  # not rank 0: it has logged its share
+    batches, advantages, rank_steps, reward_errors, filter_counts, timings = zip(*parts)
     if len(parts) > 1:
         batch = Rollouts(batch.group_size)
-        for p in parts:
-            batch.extend(p[0])
-        adv_N = torch.cat([p[1] for p in parts])
-        step_metrics = distributed.reduce_step_metrics([p[2] for p in parts])
-    m = batch_metrics(batch, run.reward_fns, distributed.sum_counts([p[3] for p in parts]))
-    recs = completion_records(batch, run.reward_fns, adv_N, run.step)
-    diag_metrics, warnings = run.diagnostics.observe(run.step, recs)
-    m.update(diag_metrics)
-    m.update(distributed.reduce_metrics([p[4] for p in parts]))  # DAPO counters
+        for rank_batch in batches:
+            batch.extend(rank_batch)
+        adv_N = torch.cat(advantages)
+        step_metrics = distributed.reduce_step_metrics(list(rank_steps))
+    metrics = batch_metrics(batch, run.reward_fns, distributed.sum_counts(list(reward_errors)))
+    records = completion_records(batch, run.reward_fns, adv_N, run.step)
+    diag_metrics, _warnings = run.diagnostics.observe(run.step, records)  # already printed on the console
+    metrics.update(diag_metrics)
+    metrics.update(distributed.reduce_metrics(list(filter_counts)))  # DAPO counters
     for key in step_metrics[0] if step_metrics else []:
-        m[key] = sum(s[key] for s in step_metrics) / len(step_metrics)
-    m.update(distributed.reduce_metrics([p[5] for p in parts]))  # phase timings
-    del warnings  # Diagnostics already printed them through run.console.raw
-    mism = check_mismatch(m)
-    if mism:
-        run.console.warn(mism)
-    m["tokens_per_second"] = m["num_tokens"] / max(1e-9, m.get("timing/rollout", 0.0))
+        metrics[key] = sum(s[key] for s in step_metrics) / len(step_metrics)
+    metrics.update(distributed.reduce_metrics(list(timings)))  # phase timings
+    mismatch_warning = check_mismatch(metrics)
+    if mismatch_warning:
+        run.console.warn(mismatch_warning)
+    metrics["tokens_per_second"] = metrics["num_tokens"] / max(1e-9, metrics.get("timing/rollout", 0.0))
     if run.step % run.cfg.log.logging_steps == 0 or run.step >= run.cfg.train.max_steps:
-        run.logger.log(run.step, m)
-        run.console.samples(run.step, run.diagnostics.samples(run.step, recs, echo=False), m)
-    run.console.progress(run.step, m)
+        run.logger.log(run.step, metrics)
+        run.console.samples(run.step, run.diagnostics.samples(run.step, records, echo=False), metrics)
+    run.console.progress(run.step, metrics)
 
 
 # ------------------------------------------------------------------------------------ setup
@@ -272,10 +297,9 @@ def log(run: Run, batch: Rollouts, adv_N: torch.Tensor, step_metrics: list[dict[
 
 def setup(cfg: Config, console: Console | None = None) -> Run:
     from rlvr.diagnostics import Diagnostics
-    from rlvr.diagnostics.header import run_fingerprints
 
-    d, device = distributed.init()
-    console = console or Console(enabled=cfg.log.progress and d.is_main)
+    dist, device = distributed.init()
+    console = console or Console(enabled=cfg.log.progress and dist.is_main)
     run_dir = Path(cfg.log.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if cfg.train.num_threads is not None:
@@ -286,73 +310,36 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
     model = load_model(cfg, device)
     # beta = 0 loads no reference model (TRL default); with LoRA the base model is the reference.
     ref_model = load_model(cfg, device, trainable=False) if cfg.algo.beta > 0 and not cfg.model.lora.enabled else None
-    engine_options = dict(cfg.rollout.engine_options)
-    if cfg.rollout.backend == "openai":  # policy exports for a reloading server live in the run folder
-        engine_options.setdefault("export_dir", str(run_dir / "policy-exports"))
-        Path(engine_options["export_dir"]).mkdir(parents=True, exist_ok=True)
-    engine = make_engine(cfg.rollout.backend, model, tokenizer, **engine_options)
-    if not getattr(engine, "receives_weights", True) and not cfg.rollout.allow_stale_sampler:
-        raise ValueError(
-            f"rollout backend {cfg.rollout.backend!r} cannot receive new weights, so it would sample from a "
-            "stale policy. Set rollout.allow_stale_sampler=true to accept that (the lag is logged as policy_lag "
-            "and corrected by importance sampling), or use a backend that takes weights (native, hf, vllm).")
+    engine = build_engine(cfg, model, tokenizer, run_dir)
     reward_fns = load_reward_functions(reward_specs(cfg))
-    stream = PromptStream(cfg, d.rank, d.world)
-    policy = distributed.wrap(model, d, device)
+    stream = PromptStream(cfg, dist.rank, dist.world)
+    policy = distributed.wrap(model, dist, device)
     optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg, optimizer)
-    diagnostics = Diagnostics(run_dir if d.is_main else None, cfg.rollout.num_generations, [rf.name for rf in reward_fns],
+    diagnostics = Diagnostics(run_dir if dist.is_main else None, cfg.rollout.num_generations, [rf.name for rf in reward_fns],
                               [rf.weight for rf in reward_fns], {rf.name: rf.kind for rf in reward_fns},
                               reward_funcs={rf.name: rf.fn for rf in reward_fns},
-                              record_rollouts=cfg.log.record_rollouts and d.is_main,
+                              record_rollouts=cfg.log.record_rollouts and dist.is_main,
                               samples_per_class=cfg.log.samples_per_class, console=console.raw)
-    # Fingerprints say which data and checkers made this run: a file dataset whole, a task's stream by
-    # its first 1,000 rows (same seed and options => same stream), plus the held-out rows.
-    if d.is_main:
-        fp_rows = stream.peek(1000) + eval_rows(cfg)
-        write_run_header(run_dir, cfg, {"rewards": [rf.name for rf in reward_fns], "device": str(device),
-                                        "num_processes": d.world,
-                                        **run_fingerprints(fp_rows, {rf.name: rf.fn for rf in reward_fns})})
-    return Run(cfg, run_dir, d, device, model, policy, ref_model, tokenizer, engine, reward_fns, stream, optimizer,
-               scheduler, diagnostics,
-               GroupFilter(cfg.dapo, cfg.rollout.num_generations, cfg.train.seed,
-                           torch.tensor([rf.weight for rf in reward_fns], dtype=torch.float64)),
-               MetricLogger(run_dir, cfg) if d.is_main else None, console)
-
-
-def save(run: Run) -> Path:
-    """Every rank calls this: its data position, counters and RNG go into the checkpoint beside rank 0's."""
-    state = {"step": run.step, "engine_version": run.engine_version, "diagnostics": run.diagnostics.state_dict()}
-    rank_state = {"generation": run.generation, "stream": run.stream.state_dict(),
-                  "groups": run.groups.state_dict(), "reward_errors": run.reward_errors}
-    return save_checkpoint(run.run_dir / "checkpoints", run.step, run.model, run.optimizer, run.scheduler,
-                           state, keep=run.cfg.log.save_total_limit, rank_state=rank_state,
-                           rank=run.dist.rank, world=run.dist.world)
-
-
-def _truncate_log(path: Path, step: int) -> None:
-    if path.exists():
-        lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-        path.write_text("".join(ln + "\n" for ln in lines))
+    if dist.is_main:  # which data, checkers, machine and decoder made this run
+        decoder = engine.describe(sampling_params(cfg))  # decoders draw different random streams: say which
+        console.info(f"rollout: {decoder}")
+        write_run_header(run_dir, cfg, stream, reward_fns, {"device": str(device), "num_processes": dist.world,
+                                                            "rollout_decoder": decoder})
+    weights_K = torch.tensor([rf.weight for rf in reward_fns], dtype=torch.float64)
+    group_filter = (GroupFilter(cfg.dapo, cfg.rollout.num_generations, cfg.train.seed, weights_K, warn=console.warn)
+                    if cfg.dapo.dynamic_sampling or cfg.dapo.skip_solved_prompts else None)
+    return Run(cfg, run_dir, dist, device, model, policy, ref_model, tokenizer, engine, reward_fns, stream, optimizer,
+               scheduler, diagnostics, group_filter, MetricLogger(run_dir, cfg, console.warn) if dist.is_main else None,
+               console)
 
 
 def maybe_resume(run: Run) -> None:
-    if run.cfg.resume is False:
-        return
-    path = latest_checkpoint(run.run_dir / "checkpoints") if run.cfg.resume is True else Path(run.cfg.resume)
-    if path is None:
-        run.console.info(f"resume: no checkpoint in {run.run_dir / 'checkpoints'} yet; starting fresh")
-        return
-    state, mine = load_checkpoint(path, run.model, run.optimizer, run.scheduler, run.dist.rank, run.dist.world)
-    run.step, run.generation, run.engine_version = state["step"], mine["generation"], state["engine_version"]
-    run.stream.load_state_dict(mine["stream"])
-    run.diagnostics.load_state_dict(state["diagnostics"])
-    run.groups.load_state_dict(mine["groups"])
-    run.reward_errors = mine["reward_errors"]
-    if run.dist.is_main:
-        _truncate_log(run.run_dir / "metrics.jsonl", run.step)  # lines the killed attempt wrote after the checkpoint
-    sync(run)
-    run.console.info(f"resumed from {path} at step {run.step}")
+    """Restore the newest (or the named) checkpoint when ``resume`` asks for it; hand the engine the weights."""
+    path = resume_run(run)
+    if path is not None:
+        sync(run)
+        run.console.info(f"resumed from {path} at step {run.step}")
 
 
 def run_eval(run: Run, label: str) -> dict[str, float]:
@@ -370,35 +357,21 @@ def run_eval(run: Run, label: str) -> dict[str, float]:
 # ------------------------------------------------------------------------------------ the loop
 
 
-def train(cfg: Config, console: Console | None = None, on_generation: Callable[[Run], None] | None = None) -> dict:
+def train(cfg: Config, console: Console | None = None) -> dict:
     run = setup(cfg, console)
     maybe_resume(run)
     before = run_eval(run, "before") if cfg.log.eval_before_after and run.step == 0 else {}
     run.console.start(cfg.train.max_steps, run.step)
     while run.step < cfg.train.max_steps:
-        batch = Rollouts(cfg.rollout.num_generations)
-        need = cfg.prompts_per_generation
-        for _round in range(cfg.dapo.max_generation_rounds if cfg.dapo.dynamic_sampling else 1):
-            with run.timer("rollout"):
-                part = rollout(run, run.groups.prompts_to_draw(need - batch.num_groups))
-            with run.timer("reward"):
-                reward(run, part)
-            batch.extend(run.groups.keep(part))  # DAPO dynamic sampling drops zero-spread groups
-            if batch.num_groups >= need:
-                break
-        batch = run.groups.finalize(batch, need, last_part=part)
-        keep = distributed.common_count(batch.num_groups)  # ranks must take the same optimizer steps
-        if keep < batch.num_groups:
-            batch = batch.select_groups(list(range(keep)))
+        batch = collect(run)  # times its own rollout and reward phases
         with run.timer("advantage"):
             adv_N = advantage(run, batch)
         packed = pack(batch, run.tokenizer.pad_token_id, run.device)
         with run.timer("logprobs"):
-            old_NT, ref_NT = logprobs(run, packed)
+            logps = logprobs(run, packed, torch.tensor(batch.truncated_N(), device=run.device))
         step_before = run.step
         with run.timer("update"):
-            step_metrics = update(run, packed, adv_N.to(run.device), old_NT, ref_NT,
-                                  torch.tensor(batch.truncated_N(), device=run.device))
+            step_metrics = update(run, packed, adv_N.to(run.device), logps)
         with run.timer("sync"):
             sync(run)
         with run.timer("log"):
@@ -406,9 +379,7 @@ def train(cfg: Config, console: Console | None = None, on_generation: Callable[[
         if cfg.log.eval_steps and run.step // cfg.log.eval_steps > step_before // cfg.log.eval_steps:
             run_eval(run, "during")
         if run.step // cfg.log.save_steps > step_before // cfg.log.save_steps or run.step >= cfg.train.max_steps:
-            save(run)
-        if on_generation is not None:
-            on_generation(run)
+            save_run(run)
     after = run_eval(run, "after") if cfg.log.eval_before_after else {}
     digests = distributed.check_in_sync(run.model, run.dist)  # one gather of a hash; raises if ranks diverged
     if run.dist.is_main:

@@ -12,10 +12,13 @@ T completion tokens, V vocabulary, K reward functions.
 from rlvr.core.advantages import (
     ADVANTAGE_ESTIMATORS,
     SCALE_REWARDS,
+    ZERO_SPREAD,
     compute_advantages,
     nanstd,
     normalize_scale_rewards,
     rewards_from_lists,
+    total_reward,
+    zero_spread,
 )
 from rlvr.core.corrections import (
     SAMPLER_IS_MODES,
@@ -24,7 +27,15 @@ from rlvr.core.corrections import (
     sampler_importance_weights,
 )
 from rlvr.core.logprobs import completion_mask, entropy_from_logits, token_logprobs
-from rlvr.core.loss import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES, LossPreset, loss_type_names, policy_loss
+from rlvr.core.loss import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_TYPES,
+    LossPreset,
+    LossSettings,
+    loss_type_names,
+    policy_loss,
+    policy_loss_from,
+)
 from rlvr.core.objectives import AGGREGATIONS, KL_ESTIMATORS, OBJECTIVES, BatchGeometry, ObjectiveParams
 
 __all__ = [
@@ -36,8 +47,10 @@ __all__ = [
     "OBJECTIVES",
     "SAMPLER_IS_MODES",
     "SCALE_REWARDS",
+    "ZERO_SPREAD",
     "BatchGeometry",
     "LossPreset",
+    "LossSettings",
     "ObjectiveParams",
     "completion_mask",
     "compute_advantages",
@@ -48,7 +61,10 @@ __all__ = [
     "normalize_scale_rewards",
     "off_policy_sequence_mask",
     "policy_loss",
+    "policy_loss_from",
     "rewards_from_lists",
     "sampler_importance_weights",
     "token_logprobs",
+    "total_reward",
+    "zero_spread",
 ]

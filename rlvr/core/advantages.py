@@ -22,14 +22,20 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "STD_EPSILON",
     "SCALE_REWARDS",
+    "ZERO_SPREAD",
     "compute_advantages",
     "nanstd",
     "normalize_scale_rewards",
     "rewards_from_lists",
+    "total_reward",
+    "zero_spread",
 ]
 
 STD_EPSILON = 1e-4  # added to the std (TRL 1.16), so a zero-std group gives A = 0 / 1e-4 = 0, never NaN
 SCALE_REWARDS = ("group", "batch", "none")
+#: A group whose scorable total rewards differ by no more than this has zero spread: every advantage in it
+#: is 0 (up to the 1e-4 std epsilon), so it carries no gradient. One threshold for DAPO's filter and the metrics.
+ZERO_SPREAD = 1e-6
 
 AdvantageEstimator = Callable[[torch.Tensor, int, str], torch.Tensor]
 ADVANTAGE_ESTIMATORS: Registry[AdvantageEstimator] = Registry("advantage estimator")
@@ -67,6 +73,24 @@ def rewards_from_lists(
             row.append(value)
         rows.append(row)
     return torch.tensor(rows, dtype=dtype).T.contiguous()  # [K, N] -> [N, K]
+
+
+def total_reward(rewards_NK: torch.Tensor, weights_K: torch.Tensor | Sequence[float]) -> torch.Tensor:
+    """[N] weighted sum over the reward functions that could score each completion; NaN for a completion
+    that no function could score (an unscorable row is left out of every mean, never counted as 0)."""
+    weights_K = torch.as_tensor(weights_K, dtype=rewards_NK.dtype, device=rewards_NK.device)
+    unscorable_N = torch.isnan(rewards_NK).all(dim=1)
+    return (rewards_NK * weights_K).nansum(dim=1).masked_fill(unscorable_N, math.nan)
+
+
+def zero_spread(total_N: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[B] bool: the group's scorable total rewards differ by at most ``ZERO_SPREAD`` (a group with fewer
+    than two scorable completions has no spread either)."""
+    total_BG = total_N.view(-1, group_size)
+    scorable_BG = ~torch.isnan(total_BG)
+    spread_B = (torch.where(scorable_BG, total_BG, -math.inf).amax(dim=1)
+                - torch.where(scorable_BG, total_BG, math.inf).amin(dim=1))
+    return (scorable_BG.sum(dim=1) < 2) | (spread_B <= ZERO_SPREAD)
 
 
 def normalize_scale_rewards(scale_rewards: str | bool) -> str:
@@ -197,8 +221,7 @@ def compute_advantages(
     unscorable_N = torch.isnan(rewards_NK).all(dim=1)
 
     if multi_objective_aggregation == "sum_then_normalize":
-        # nansum would turn an unscorable row into a reward of 0 that drags the group mean; mark it NaN instead.
-        rewards_N = (rewards_NK * weights_K).nansum(dim=1).masked_fill(unscorable_N, math.nan)
+        rewards_N = total_reward(rewards_NK, weights_K)  # unscorable rows NaN: they do not drag the group mean
         adv_N = estimate(rewards_N.view(-1, group_size), group_size, scale_rewards).reshape(N)
     elif multi_objective_aggregation == "normalize_then_sum":
         if estimator != "grpo":

@@ -2,7 +2,7 @@
 
 A *loss type* (TRL's ``loss_type``; DAPO is the default, as in TRL 1.16) is a named preset of three leaves
 (see :mod:`rlvr.core.objectives`): which ratio level, which per-token objective, which aggregation. For
-every preset, value and gradient equal TRL 1.16 ``GRPOTrainer._compute_loss`` (tests/core/test_trl_parity.py).
+every preset, value and gradient equal TRL 1.16 ``GRPOTrainer._compute_loss`` (tests/core/test_core_trl_parity.py).
 Add a preset with ``LOSS_TYPES.add("name", LossPreset(...))``; no other code changes.
 """
 
@@ -17,7 +17,15 @@ from rlvr.core.corrections import high_entropy_mask, off_policy_sequence_mask
 from rlvr.core.objectives import AGGREGATIONS, KL_ESTIMATORS, OBJECTIVES, BatchGeometry, ObjectiveParams
 from rlvr.registry import Registry
 
-__all__ = ["IMPORTANCE_SAMPLING_LEVELS", "LOSS_TYPES", "LossPreset", "loss_type_names", "policy_loss"]
+__all__ = [
+    "IMPORTANCE_SAMPLING_LEVELS",
+    "LOSS_TYPES",
+    "LossPreset",
+    "LossSettings",
+    "loss_type_names",
+    "policy_loss",
+    "policy_loss_from",
+]
 
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
@@ -32,6 +40,9 @@ class LossPreset:
     importance_sampling_level: str
     trl_loss_type: str
     paper: str
+    #: Smallest ``epsilon_high`` that can learn: cispo caps the ratio *at* epsilon_high (eps_max), so a cap
+    #: below 1 stops every token; None = no requirement (there it is a clip range above 1).
+    min_epsilon_high: float | None = None
 
 
 LOSS_TYPES: Registry[LossPreset] = Registry("loss type")
@@ -40,9 +51,29 @@ LOSS_TYPES.add("bnpo", LossPreset("clip", "token_mean", "token", "bnpo", "TRL (b
 LOSS_TYPES.add("dr_grpo", LossPreset("clip", "constant_norm", "token", "dr_grpo", "arXiv:2503.20783"))
 LOSS_TYPES.add("dapo", LossPreset("clip", "global_token_mean", "token", "dapo", "arXiv:2503.14476"))
 LOSS_TYPES.add("gspo", LossPreset("clip", "sequence_mean", "sequence", "grpo", "arXiv:2507.18071"))
-LOSS_TYPES.add("cispo", LossPreset("cispo", "global_token_mean", "token", "cispo", "arXiv:2506.13585"))
+LOSS_TYPES.add("cispo", LossPreset("cispo", "global_token_mean", "token", "cispo", "arXiv:2506.13585",
+                                   min_epsilon_high=1.0))
 LOSS_TYPES.add("sapo", LossPreset("sapo", "sequence_mean", "token", "sapo", "arXiv:2511.20347"))
 LOSS_TYPES.add("luspo", LossPreset("clip", "sequence_sum", "sequence", "luspo", "arXiv:2602.05261"))
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The algorithm's choices for the loss, fixed for a run (``policy_loss``'s keyword arguments of the same
+    names; see there). With ``BatchGeometry`` (where a micro-batch sits) it is everything but the tensors."""
+
+    loss_type: str = "dapo"
+    beta: float = 0.0
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    delta: float | None = None
+    importance_sampling_level: str | None = None
+    kl_estimator: str = "k3"
+    kl_bias_correction: bool = True
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    top_entropy_quantile: float = 1.0
+    off_policy_mask_threshold: float | None = None
 
 
 def loss_type_names() -> list[str]:
@@ -157,6 +188,46 @@ def policy_loss(
         ``clip_ratio/high_max`` (clip objective); ``cispo_clip_ratio`` (cispo); ``kl`` (beta != 0);
         ``entropy`` (entropy given); ``ratio/mean``, ``ratio/min``, ``ratio/max`` (importance ratio π_θ/π_old).
     """
+    settings = LossSettings(
+        loss_type=loss_type, beta=beta, epsilon=epsilon, epsilon_high=epsilon_high, delta=delta,
+        importance_sampling_level=importance_sampling_level, kl_estimator=kl_estimator,
+        kl_bias_correction=kl_bias_correction, sapo_temperature_pos=sapo_temperature_pos,
+        sapo_temperature_neg=sapo_temperature_neg, top_entropy_quantile=top_entropy_quantile,
+        off_policy_mask_threshold=off_policy_mask_threshold,
+    )
+    geometry = BatchGeometry(
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        steps_per_generation=steps_per_generation,
+        num_processes=num_processes,
+        num_items_in_batch=num_items_in_batch,
+        max_completion_length=max_completion_length,
+    )
+    return policy_loss_from(settings, geometry, logp_NT, old_logp_NT, adv_N, mask_NT, ref_logp_NT=ref_logp_NT,
+                            entropy_NT=entropy_NT, entropy_threshold=entropy_threshold,
+                            sampler_is_weights_NT=sampler_is_weights_NT, sampler_logp_NT=sampler_logp_NT)
+
+
+def policy_loss_from(
+    settings: LossSettings,
+    geometry: BatchGeometry,
+    logp_NT: torch.Tensor,
+    old_logp_NT: torch.Tensor | None,
+    adv_N: torch.Tensor,
+    mask_NT: torch.Tensor,
+    *,
+    ref_logp_NT: torch.Tensor | None = None,
+    entropy_NT: torch.Tensor | None = None,
+    entropy_threshold: torch.Tensor | float | None = None,
+    sampler_is_weights_NT: torch.Tensor | None = None,
+    sampler_logp_NT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``policy_loss`` with its settings grouped: build ``settings`` once per run and ``geometry`` once per
+    generation batch, pass the micro-batch's tensors. Same value, gradient and metrics as ``policy_loss``."""
+    s = settings
+    loss_type, beta, epsilon, epsilon_high, delta = s.loss_type, s.beta, s.epsilon, s.epsilon_high, s.delta
+    importance_sampling_level, kl_estimator, kl_bias_correction = (s.importance_sampling_level, s.kl_estimator,
+                                                                   s.kl_bias_correction)
+    top_entropy_quantile, off_policy_mask_threshold = s.top_entropy_quantile, s.off_policy_mask_threshold
     preset = LOSS_TYPES.get(loss_type)
     level = preset.importance_sampling_level if importance_sampling_level is None else importance_sampling_level
     if level not in IMPORTANCE_SAMPLING_LEVELS:
@@ -187,15 +258,8 @@ def policy_loss(
         epsilon_low=epsilon,
         epsilon_high=epsilon if epsilon_high is None else epsilon_high,
         delta=delta,
-        sapo_temperature_pos=sapo_temperature_pos,
-        sapo_temperature_neg=sapo_temperature_neg,
-    )
-    geometry = BatchGeometry(
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        steps_per_generation=steps_per_generation,
-        num_processes=num_processes,
-        num_items_in_batch=num_items_in_batch,
-        max_completion_length=max_completion_length,
+        sapo_temperature_pos=s.sapo_temperature_pos,
+        sapo_temperature_neg=s.sapo_temperature_neg,
     )
     mask = mask_NT.to(logp_NT.dtype)
     adv = adv_N.unsqueeze(1) if adv_N.dim() == 1 else adv_N  # [N, 1] broadcasts over tokens

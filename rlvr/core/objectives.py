@@ -1,7 +1,7 @@
 """Leaves of the policy loss: per-token objectives, KL estimators, aggregations.
 
 Every preset in :mod:`rlvr.core.loss` is one objective x one aggregation x one ratio level (+ optional KL),
-so GRPO, DAPO, Dr. GRPO, ... are configurations of these pieces, not code paths (DESIGN.md §3).
+so GRPO, DAPO, Dr. GRPO, ... are configurations of these pieces, not code paths (docs/architecture.md).
 
 Shapes: ``ratio`` is [N, T] at token level or [N, 1] at sequence level (GSPO); ``adv`` is [N, 1] (or [N, T]
 for per-token advantages); both broadcast against ``logp_NT``. An objective returns the per-token loss

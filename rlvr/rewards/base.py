@@ -1,12 +1,13 @@
-"""Verdicts: what a checker decided and why (DESIGN.md §6).
+"""Verdicts: what a checker decided and why (docs/checkers.md).
 
 Reward functions keep TRL's signature ``f(prompts, completions, completion_ids, **columns) ->
 list[float | None]``. A *checker* reward function additionally exposes
 ``verdicts(prompts, completions, completion_ids, **columns) -> list[Verdict]``; the trainer calls
 that when present, uses ``Verdict.reward`` as the float, and hands the verdicts to diagnostics.
 
-Columns the trainer always passes besides the dataset's own: ``truncated: list[bool]`` (the
-completion hit ``max_completion_length``; strict checkers score those 0) and ``trainer_state``.
+The column the trainer always passes besides the dataset's own: ``truncated: list[bool]`` (the
+completion hit ``max_completion_length``; strict checkers score those 0). ``rlvr.rewards.scoring``
+loads reward functions from the config and calls them.
 """
 
 from __future__ import annotations
@@ -42,13 +43,13 @@ REWARDS: Registry = Registry("reward function")
 
 
 # ---------------------------------------------------------------------------------------------
-# Helpers shared by the built-in checkers (added by issue 5). Nothing above this line changed.
+# Helpers shared by the built-in checkers
 # ---------------------------------------------------------------------------------------------
 
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 
 def completion_text(completion: Any) -> str:
@@ -82,7 +83,7 @@ def completion_text(completion: Any) -> str:
 
 def row_columns(columns: dict[str, Any], n: int, i: int) -> dict[str, Any]:
     """Column values for completion ``i`` of ``n``: list columns of length n are indexed, others
-    (``trainer_state``, scalars) are passed through unchanged."""
+    (scalars) are passed through unchanged."""
     return {k: (v[i] if isinstance(v, (list, tuple)) and len(v) == n else v) for k, v in columns.items()}
 
 
@@ -96,6 +97,10 @@ class CheckerReward:
 
     kind: str = "correctness"
     gold_column: str | None = None
+    #: False when the gold column is only shown to diagnostics and ``check`` never reads it.
+    gold_required: bool = True
+    #: Columns ``check`` reads from its row: each must be present with one value per completion.
+    required_columns: tuple[str, ...] = ()
 
     def __init__(self, name: str):
         self.__name__ = name
@@ -115,12 +120,21 @@ class CheckerReward:
 
     def verdicts(self, prompts: Sequence[Any] | None, completions: Sequence[Any], completion_ids: Sequence[Sequence[int]] | None = None, **columns: Any) -> list[Verdict]:
         n = len(completions)
-        if self.gold_column is not None and self.gold_column not in columns:
+        if self.gold_required and self.gold_column is not None and self.gold_column not in columns:
             raise KeyError(
                 f"reward {self.__name__!r} reads the gold answer from column {self.gold_column!r}, which the "
                 f"dataset does not have (columns: {', '.join(sorted(columns)) or 'none'}); rename the column or "
                 f"pass gold_column=<name> to the reward"
             )
+        for name in self.required_columns:
+            if columns.get(name) is None:
+                raise KeyError(
+                    f"reward {self.__name__!r} needs the column {name!r}, but the call only has "
+                    f"{sorted(columns)}; keep that column in the dataset"
+                )
+            if not isinstance(columns[name], (list, tuple)) or len(columns[name]) != n:
+                raise ValueError(f"reward {self.__name__!r}: column {name!r} must hold one value per completion "
+                                 f"({n}), got {columns[name]!r:.80}")
         return [self._checked(c, row_columns(columns, n, i)) for i, c in enumerate(completions)]
 
     def __call__(self, prompts: Sequence[Any] | None, completions: Sequence[Any], completion_ids: Sequence[Sequence[int]] | None = None, **columns: Any) -> list[float | None]:
@@ -129,5 +143,3 @@ class CheckerReward:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.__name__!r}, kind={self.kind!r})"
 
-
-RewardFn = Callable[..., list]

@@ -1,4 +1,4 @@
-"""Rollout engines behind one protocol (DESIGN.md §5, issue 8).
+"""Rollout engines behind one protocol (``rlvr.rollout.base.RolloutEngine``; docs/rollout.md).
 
 ``make_engine(name, model, tokenizer, **options)`` is the only constructor the trainer needs:
 
@@ -11,7 +11,9 @@
               (``mode="server"``); needs ``pip install 'rlvr[vllm]'``.
 - ``vllm-server``  the same as ``vllm`` with ``mode="server"``.
 
-Engines are plain classes, not a registry: there are four and the trainer never extends them.
+Engines are plain classes, not a registry: there are four and the trainer never extends them. Each
+declares its capabilities (``samples_live_policy``, ``receives_weights``, ``reports_logprobs``,
+``policy_lag``) on the class; ``engine_class`` lets the config read them before anything is built.
 """
 
 from __future__ import annotations
@@ -22,13 +24,9 @@ from rlvr.rollout.mismatch import check_mismatch, logprob_mismatch_metrics
 ENGINE_NAMES: tuple[str, ...] = ("hf", "native", "openai", "vllm", "vllm-server")
 
 
-def make_engine(name: str, model, tokenizer, **options) -> RolloutEngine:
-    """Build the rollout engine called ``name`` over ``model`` / ``tokenizer``.
-
-    ``options`` go to the engine's constructor (e.g. ``eos_token_ids`` for every engine; ``base_url``
-    for ``openai``; ``mode`` for ``vllm``); an option the engine does not take is a TypeError that
-    names it.
-    """
+def engine_class(name: str, options: dict | None = None) -> type:
+    """The class ``make_engine(name, ..., **options)`` builds; imports no optional dependency (vLLM)."""
+    options = options or {}
     if name == "hf":
         from rlvr.rollout.hf import HFEngine as cls
     elif name == "native":
@@ -36,17 +34,32 @@ def make_engine(name: str, model, tokenizer, **options) -> RolloutEngine:
     elif name == "openai":
         from rlvr.rollout.openai import OpenAICompletionsEngine as cls
     elif name in ("vllm", "vllm-server"):
+        from rlvr.rollout.vllm import VLLMColocateEngine, VLLMServerEngine
+
+        mode = "server" if name == "vllm-server" else options.get("mode", "colocate")
+        cls = VLLMServerEngine if mode == "server" else VLLMColocateEngine
+    else:
+        raise ValueError(
+            f"unknown rollout engine {name!r}; valid choices: {', '.join(ENGINE_NAMES)}. "
+            "Set rollout.backend to one of them (native is the fast default for the live policy)."
+        )
+    return cls
+
+
+def make_engine(name: str, model, tokenizer, **options) -> RolloutEngine:
+    """Build the rollout engine called ``name`` over ``model`` / ``tokenizer``.
+
+    ``options`` go to the engine's constructor (e.g. ``eos_token_ids`` for every engine; ``base_url``
+    for ``openai``; ``mode`` for ``vllm``); an option the engine does not take is a TypeError that
+    names it.
+    """
+    if name in ("vllm", "vllm-server"):
         from rlvr.rollout.vllm import make_vllm_engine
 
         if name == "vllm-server":
             options = {"mode": "server", **options}
         return make_vllm_engine(model, tokenizer, **options)
-    else:
-        raise ValueError(
-            f"unknown rollout engine {name!r}; valid choices: {', '.join(ENGINE_NAMES)}. "
-            "Set rollout.engine to one of them (native is the fast default for the live policy)."
-        )
-    return cls(model, tokenizer, **options)
+    return engine_class(name)(model, tokenizer, **options)
 
 
 __all__ = [
@@ -56,6 +69,7 @@ __all__ = [
     "RolloutEngine",
     "SamplingParams",
     "check_mismatch",
+    "engine_class",
     "logprob_mismatch_metrics",
     "make_engine",
 ]

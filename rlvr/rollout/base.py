@@ -1,7 +1,11 @@
-"""The RolloutEngine protocol (DESIGN.md §5): every backend samples through this one interface.
+"""The RolloutEngine protocol: every backend samples through this one interface (docs/architecture.md).
 
 Ordering contract: ``generate(prompt_ids, n, sampling)`` returns ``len(prompt_ids) * n``
 completions, grouped contiguously: completions ``i*n .. i*n+n-1`` belong to prompt ``i``.
+
+Capabilities: every engine declares, as plain attributes, each property the trainer relies on; the
+config (``rollout.allow_stale_sampler``) and the loop (old log-prob pass, weight sync, importance
+sampling, ``policy_lag``) read these and nothing else, never the backend's name.
 """
 
 from __future__ import annotations
@@ -46,16 +50,41 @@ class Completion:
     logprobs: list[float] | None = None
     extra: dict = field(default_factory=dict)
 
+    @property
+    def truncated(self) -> bool:
+        """Hit ``max_tokens`` before an EOS or stop string: the one definition of truncation."""
+        return self.finish_reason == "length"
+
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    #: True when the engine samples from the live policy (hf, native); False when it holds its own
-    #: weights that must be pushed (vLLM) or cannot be updated at all (a stale server).
+    #: True when the engine samples with the trainer's own model object (hf, native): nothing to sync,
+    #: and its log-probs are the trainer's. False when it holds its own copy of the weights (vLLM, a server).
     samples_live_policy: bool
+    #: True when ``load_weights`` makes the engine sample the newest policy at once (live engines trivially,
+    #: vLLM by a push). False for a server that keeps its own weights: it samples a stale policy, which the
+    #: config must allow (``rollout.allow_stale_sampler``). Declared on the class, so the config can read it
+    #: before any engine is built.
+    receives_weights: bool
+    #: True when completions carry the sampler's own per-token log-probs (``Completion.logprobs``); the
+    #: trainer then measures sampler/trainer mismatch and, for a non-live engine, corrects by importance
+    #: sampling. A completion may still come back without them (``None``): that row is simply not compared.
+    reports_logprobs: bool
+
+    @property
+    def policy_lag(self) -> int:
+        """Optimizer steps the weights the engine samples from are behind the last ``load_weights``:
+        always 0 for an engine that ``receives_weights``; grows for a stale server until it reloads."""
+        ...
 
     def generate(
         self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams
     ) -> list[Completion]: ...
+
+    def describe(self, sampling: SamplingParams) -> str:
+        """One line: what will sample ``sampling`` (which decoder or server) and why; the trainer shows it
+        once and records it in header.json, since runs on different decoders draw different samples."""
+        ...
 
     def load_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]]

@@ -1,6 +1,6 @@
 """Pieces every backend shares: EOS resolution, stop strings, the sampling kernel, seeds.
 
-Log-prob contract (DESIGN.md §4, issue 8): a completion's ``logprobs`` are
+Log-prob contract (docs/algorithms.md): a completion's ``logprobs`` are
 ``log_softmax(logits / T)`` of the *unfiltered* distribution at the sampled token — exactly what the
 trainer recomputes — even when top-k / top-p / min-p / repetition penalty shaped the distribution the
 token was actually drawn from. The gap between the two is real off-policy-ness; the trainer measures

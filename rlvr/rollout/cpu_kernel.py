@@ -12,7 +12,8 @@ Building: the source ships with the package and is compiled by the system C comp
 is needed, about a second; the file name carries a hash of the source, the flags, the compiler and
 the CPU, so an edited source or another machine sharing the home directory gets its own build.
 ``-march=native`` is why the CPU is in the hash. Without a compiler, or if the build fails, the
-engine says why once (log) and uses its PyTorch decoder: nothing else changes.
+engine says why (``NativeEngine.describe``, which the trainer prints once and records in header.json)
+and uses its PyTorch decoder: nothing else changes.
 
 Matmuls use BLAS ``sgemm_`` taken from the already loaded libtorch (PyTorch's x86 wheels link MKL
 and export it), checked on a small product before first use; without it a portable loop is used.
@@ -25,7 +26,6 @@ import functools
 import glob
 import hashlib
 import itertools
-import logging
 import os
 import platform
 import shutil
@@ -35,7 +35,6 @@ from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels") / "decode_cpu.c"
 ABI = 6  # RLVR_DECODE_ABI in the C source; bump both when Ctx changes

@@ -1,4 +1,4 @@
-"""Export a Hugging Face Llama folder to a float32 GGUF file that llama.cpp can serve (issue 8).
+"""Export a Hugging Face Llama folder to a float32 GGUF file that llama.cpp can serve.
 
 This is what a stale ``openai`` sampler backed by llama.cpp needs to reload the live policy:
 ``engine.reload()`` writes ``save_pretrained`` folders, this turns one into ``policy.gguf``::

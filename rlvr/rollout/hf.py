@@ -51,6 +51,11 @@ class HFEngine:
 
     samples_live_policy = True
     receives_weights = True  # trivially: it *is* the policy
+    reports_logprobs = True
+    policy_lag = 0
+
+    def describe(self, sampling: SamplingParams) -> str:
+        return "hf engine: transformers generate on the live policy"
 
     def __init__(
         self, model, tokenizer, eos_token_ids: int | Sequence[int] | None = None

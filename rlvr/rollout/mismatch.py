@@ -1,4 +1,4 @@
-"""Sampler / trainer log-prob mismatch (issue 8; DESIGN.md §4 "measured and corrected for every backend").
+"""Sampler / trainer log-prob mismatch (docs/algorithms.md).
 
 The trainer recomputes ``trainer_logp_NT = log_softmax(logits / T)`` at the sampled tokens; the
 engine reported ``sampler_logp_NT`` for the same tokens. On a live-policy engine in the same dtype
@@ -116,9 +116,12 @@ def check_mismatch(
 ) -> str | None:
     """A one-paragraph warning when the mismatch is large, else None. Host sync (reads 3 scalars).
 
-    Call it with the output of ``logprob_mismatch_metrics``; the trainer prints the message and
-    counts it. Thresholds are keyword arguments so a config can expose them.
+    Call it with the output of ``logprob_mismatch_metrics`` (or a metrics line holding it); the trainer
+    prints the message. Thresholds are keyword arguments so a config can expose them. No mismatch keys,
+    or no compared token (the engine reported no log-probs for this batch), means nothing to judge: None.
     """
+    if PREFIX + "kl" not in metrics or float(metrics.get(PREFIX + "tokens", 1.0)) == 0:
+        return None
     kl = float(metrics[PREFIX + "kl"])
     abs_mean = float(metrics[PREFIX + "abs_logp_diff_mean"])
     outside = float(metrics[PREFIX + "is_weight_frac_outside_2x"])

@@ -1,4 +1,4 @@
-"""``native``: rlvr's batched sampler over the live policy model (issue 8; DESIGN.md §5).
+"""``native``: rlvr's batched sampler over the live policy model (docs/rollout.md).
 
 What it does differently from ``transformers.generate`` with ``num_return_sequences=G`` (TRL's path):
 
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import logging
 from collections.abc import Iterable, Iterator, Sequence
 
 import torch
@@ -57,7 +56,6 @@ from rlvr.rollout.common import (
     validate_request,
 )
 
-log = logging.getLogger(__name__)
 
 FAST_PATH_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 # Decode attention's key length is rounded up to a multiple of this (see decode).
@@ -513,6 +511,8 @@ class NativeEngine:
 
     samples_live_policy = True
     receives_weights = True  # trivially: it *is* the policy
+    reports_logprobs = True
+    policy_lag = 0
 
     def __init__(
         self,
@@ -561,7 +561,6 @@ class NativeEngine:
         self.cpu_kernel = cpu_kernel
         # "kernel" or "torch": which decoder the last call used.
         self.last_decoder: str | None = None
-        self._kernel_notes: set[str] = set()
 
     def _decoder(self):
         return (
@@ -604,50 +603,35 @@ class NativeEngine:
             for row, (row_ids, lps, text) in enumerate(zip(ids, logps, texts))
         ]
 
-    def _sample(
-        self,
-        prompt_ids: list[list[int]],
-        n: int,
-        sampling: SamplingParams,
-        workers: int,
-    ):
-        """Decode loop. Returns ``tokens_NC`` (-1 after a row finished) and ``logp_NC``."""
+    def _sample(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams, workers: int):
+        """Which decoder runs this request (the C kernel where it can, else PyTorch), and run it. Returns
+        ``tokens_NC`` (-1 after a row finished) and ``logp_NC``."""
         device = next(self.model.parameters()).device
         ids_BP, mask_BP = left_pad(prompt_ids, self.pad_id, device)
+        sampler = TokenSampler(sampling, _unwrap(self.model).config.vocab_size, make_generator(sampling.seed, device))
+        why_not = self._kernel_unavailable(sampler, device)
+        self.last_decoder = "torch" if why_not else "kernel"
+        if why_not is None:
+            return self._sample_kernel(ids_BP, mask_BP, n, sampling, sampler.generator, workers)
+        return self._sample_torch(prompt_ids, ids_BP, mask_BP, n, sampling, sampler)
+
+    def _sample_torch(self, prompt_ids, ids_BP, mask_BP, n: int, sampling: SamplingParams, sampler: TokenSampler):
+        """The PyTorch decode loop: prefill once per prompt, then one decode step per token; every
+        ``sync_every`` steps a host check of which rows finished (EOS or a stop string), and the batch is
+        compacted once enough of it has."""
+        device = ids_BP.device
         B, C = len(prompt_ids), sampling.max_tokens
         N = B * n
         sync_every = self.sync_every or (8 if device.type == "cuda" else 1)
         eos_E = torch.tensor(self.eos_ids, device=device)
-        vocab_size = _unwrap(self.model).config.vocab_size
-        sampler = TokenSampler(
-            sampling, vocab_size, make_generator(sampling.seed, device)
-        )
-        why_not = self._kernel_unavailable(sampler, device)
-        self.last_decoder = "torch" if why_not else "kernel"
-        if why_not is None:
-            return self._sample_kernel(
-                ids_BP, mask_BP, n, sampling, sampler.generator, workers
-            )
-
         tokens_NC = torch.full((N, C), -1, dtype=torch.long, device=device)
         logp_NC = torch.zeros((N, C), dtype=torch.float32, device=device)
-        # Repetition penalty needs the set of tokens each row has seen (prompt included, as in HF).
-        seen_MV = None
-        if sampler.use_penalty:
-            seen_BV = torch.zeros(B, vocab_size, dtype=torch.bool, device=device)
-            for b, p in enumerate(
-                prompt_ids
-            ):  # real tokens only: the pad id may also be a real token
-                seen_BV[b, torch.tensor(p, device=device)] = True
-            seen_MV = seen_BV.repeat_interleave(n, dim=0)
-
+        seen_MV = self._seen_tokens(prompt_ids, n, sampler, device)
         decoder = self._decoder()
         logits_BV = decoder.prefill(ids_BP, mask_BP, n, C)
         # The first token of every row comes from its prompt's last position; no decode step needed.
         logits_MV = logits_BV.repeat_interleave(n, dim=0)
-        rows_M = torch.arange(
-            N, device=device
-        )  # which original row each live batch row is
+        rows_M = torch.arange(N, device=device)  # which original row each live batch row is
         alive_M = torch.ones(N, dtype=torch.bool, device=device)
         compacted = False
         try:
@@ -659,38 +643,24 @@ class NativeEngine:
                 else:  # every row still in the batch: a strided copy, cheaper than index_put
                     tokens_NC[:, t] = torch.where(alive_M, token_M, -1)
                     logp_NC[:, t] = logp_M
-                is_eos_M = (
-                    token_M == self.eos_ids[0]
-                    if len(self.eos_ids) == 1
-                    else torch.isin(token_M, eos_E)
-                )
+                is_eos_M = token_M == self.eos_ids[0] if len(self.eos_ids) == 1 else torch.isin(token_M, eos_E)
                 alive_M = alive_M & ~is_eos_M
                 if seen_MV is not None:
-                    seen_MV[torch.arange(token_M.shape[0], device=device), token_M] = (
-                        True
-                    )
+                    seen_MV[torch.arange(token_M.shape[0], device=device), token_M] = True
                 if t == C - 1:
                     break
                 if (t + 1) % sync_every == 0:
                     alive_cpu = alive_M.tolist()  # host sync
                     if sampling.stop:
-                        alive_cpu = self._apply_stops(
-                            tokens_NC, rows_M, alive_cpu, t, sampling.stop
-                        )
+                        alive_cpu = self._apply_stops(tokens_NC, rows_M, alive_cpu, t, sampling.stop)
                         alive_M = torch.tensor(alive_cpu, device=device)
                     n_alive = sum(alive_cpu)
                     if n_alive == 0:
                         break
-                    if len(alive_cpu) - n_alive >= self.compact_fraction * len(
-                        alive_cpu
-                    ):
-                        keep_M = alive_M.nonzero().squeeze(1)
+                    if len(alive_cpu) - n_alive >= self.compact_fraction * len(alive_cpu):
+                        keep_M = alive_M.nonzero().squeeze(1)  # finished rows leave the batch
                         decoder.select(keep_M)
-                        rows_M, token_M, alive_M = (
-                            rows_M[keep_M],
-                            token_M[keep_M],
-                            alive_M[keep_M],
-                        )
+                        rows_M, token_M, alive_M = rows_M[keep_M], token_M[keep_M], alive_M[keep_M]
                         compacted = True
                         seen_MV = None if seen_MV is None else seen_MV[keep_M]
                 logits_MV = decoder.decode(token_M)
@@ -698,9 +668,20 @@ class NativeEngine:
             decoder.release()
         return tokens_NC, logp_NC
 
+    @staticmethod
+    def _seen_tokens(prompt_ids, n: int, sampler: TokenSampler, device) -> torch.Tensor | None:
+        """[N, V] bool of the tokens each row has seen (prompt included, as in HF), which the repetition
+        penalty needs; None without a penalty."""
+        if not sampler.use_penalty:
+            return None
+        seen_BV = torch.zeros(len(prompt_ids), sampler.vocab_size, dtype=torch.bool, device=device)
+        for b, p in enumerate(prompt_ids):  # real tokens only: the pad id may also be a real token
+            seen_BV[b, torch.tensor(p, device=device)] = True
+        return seen_BV.repeat_interleave(n, dim=0)
+
     def _kernel_unavailable(self, sampler, device) -> str | None:
         """None when ``kernels/decode_cpu.c`` will run this request, else why not (an error when
-        ``cpu_kernel=True``; logged once per reason otherwise)."""
+        ``cpu_kernel=True``; otherwise ``describe`` says it, which the trainer prints once)."""
         if self.cpu_kernel is False:
             return "cpu_kernel=False"
         if device.type != "cpu":
@@ -715,15 +696,28 @@ class NativeEngine:
                 or cpu_kernel.load()[1]
                 or None
             )
+            if why is None and self.cpu_kernel is None and cpu_kernel.sgemm_pointers()[0] is None:
+                # Without BLAS the kernel's matmuls are a portable scalar loop, slower than PyTorch at any
+                # model size: auto mode picks the kernel only where it is fast (cpu_kernel=True still forces it).
+                why = f"no usable BLAS sgemm_ ({cpu_kernel.sgemm_pointers()[2]})"
         if why and self.cpu_kernel:
             raise ValueError(
                 f"native engine: cpu_kernel=True but the C decode kernel cannot run this request: "
                 f"{why}. Leave cpu_kernel unset to fall back to the PyTorch decoder."
             )
-        if why and why not in self._kernel_notes:
-            self._kernel_notes.add(why)
-            log.info("native engine: PyTorch decoder, not the C kernel: %s", why)
         return why
+
+    def describe(self, sampling: SamplingParams) -> str:
+        """Which decoder samples ``sampling`` and why: the C kernel and the PyTorch decoders draw different
+        random streams, so a run's samples (not its statistics) depend on it."""
+        device = next(self.model.parameters()).device
+        sampler = TokenSampler(sampling, _unwrap(self.model).config.vocab_size, make_generator(sampling.seed, device))
+        why_not = self._kernel_unavailable(sampler, device)
+        if why_not is None:
+            matmul = "BLAS sgemm_" if cpu_kernel.sgemm_pointers()[0] is not None else "portable matmul loop (slow)"
+            return f"native engine: C decode kernel ({matmul})"
+        decoder = "PyTorch fast decoder" if self.fast_path else "PyTorch generic (Hugging Face cache) decoder"
+        return f"native engine: {decoder}, not the C kernel: {why_not}"
 
     def _sample_kernel(self, ids_BP, mask_BP, n, sampling, generator, workers):
         """Prefill and decode in C (``cpu_kernel``): one slice of rows per core, every step in one

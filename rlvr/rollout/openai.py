@@ -1,4 +1,4 @@
-"""``openai``: any OpenAI-compatible ``/v1/completions`` server as a rollout engine (issue 8).
+"""``openai``: any OpenAI-compatible ``/v1/completions`` server as a rollout engine.
 
 llama.cpp's server, llama-cpp-python, vLLM, SGLang and TGI all speak this protocol. Such a server
 holds its own copy of the weights, so it samples from a **stale** policy: ``samples_live_policy`` is
@@ -69,17 +69,231 @@ from rlvr.rollout.common import (
     validate_request,
 )
 
+# ------------------------------------------------------------------------------------------ HTTP
+
+
+class CompletionsClient:
+    """JSON over HTTP to one OpenAI-compatible server; errors name the URL and the likely fix."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout_s: float = 600.0):
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self.timeout_s = timeout_s
+
+    def request(self, path: str, payload: dict | None = None, timeout: float | None = None) -> dict:
+        url = self.base_url + path
+        data = None if payload is None else json.dumps(payload).encode()
+        req = urllib.request.Request(url, data=data, method="GET" if payload is None else "POST")
+        req.add_header("Content-Type", "application/json")
+        if self.api_key:
+            req.add_header("Authorization", f"Bearer {self.api_key}")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout_s) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            body = e.read().decode(errors="replace")[:500]
+            raise RuntimeError(
+                f"openai engine: {url} answered HTTP {e.code}: {body}. Check that the server supports "
+                "/v1/completions with token-id prompts and the sampling fields sent."
+            ) from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            raise ConnectionError(
+                f"openai engine: cannot reach {url} ({e}). Start the server (e.g. `python -m "
+                "llama_cpp.server --model policy.gguf` or `vllm serve <model>`) and set base_url to it."
+            ) from None
+
+    def first_served_model(self) -> str:
+        models = self.request("/v1/models", timeout=30).get("data") or []
+        if not models:
+            raise RuntimeError(f"openai engine: {self.base_url}/v1/models lists no model; pass model_name=...")
+        return models[0]["id"]
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Until ``/v1/models`` answers (a server restarting on new weights), at most ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.request("/v1/models", timeout=10)
+                return
+            except ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+
+# -------------------------------------------------------------------------------------- dialects
+
+
+class OpenAIDialect:
+    """vLLM, SGLang, TGI, llama.cpp's llama-server: token-id prompts, ``n`` choices in one request."""
+
+    def choices(self, client: CompletionsClient, model_name: str, tokenizer, prompt: list[int], n: int,
+                sampling: SamplingParams) -> list[dict]:
+        payload = {
+            "model": model_name,
+            "prompt": prompt,
+            "n": n,
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "logprobs": 1,
+            "echo": False,
+            # Non-OpenAI fields understood by vLLM and llama.cpp; OpenAI itself would reject them,
+            # but it does not take token-id prompts of custom models either.
+            "top_k": sampling.top_k if sampling.top_k > 0 else -1,
+            "min_p": sampling.min_p,
+            "repetition_penalty": sampling.repetition_penalty,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "include_stop_str_in_output": True,
+        }
+        if sampling.stop:
+            payload["stop"] = list(sampling.stop)
+        if sampling.seed is not None:
+            payload["seed"] = sampling.seed
+        resp = client.request("/v1/completions", payload)
+        return sorted(resp.get("choices", []), key=lambda c: c.get("index", 0))
+
+
+class LlamaCppPythonDialect:
+    """``python -m llama_cpp.server`` (0.3.x): a text prompt, one choice per request, every filter explicit
+    (its defaults filter), its own name for the repetition penalty (see the module docstring)."""
+
+    def choices(self, client: CompletionsClient, model_name: str, tokenizer, prompt: list[int], n: int,
+                sampling: SamplingParams) -> list[dict]:
+        return [self._one(client, model_name, tokenizer, prompt, sampling, i) for i in range(n)]
+
+    def _one(self, client: CompletionsClient, model_name: str, tokenizer, prompt: list[int],
+             sampling: SamplingParams, i: int) -> dict:
+        payload = {
+            "model": model_name,
+            # Special tokens kept so the server's tokenizer (special=True) maps "<s>" back to BOS.
+            "prompt": tokenizer.decode(prompt, skip_special_tokens=False),
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": max(sampling.top_k, 0),
+            "min_p": sampling.min_p,
+            "repeat_penalty": sampling.repetition_penalty,
+            "logprobs": 1,
+            "echo": False,
+        }
+        if sampling.stop:
+            payload["stop"] = list(sampling.stop)
+        if sampling.seed is not None:  # one request per sample: distinct, reproducible seeds
+            payload["seed"] = sampling.seed + i
+        resp = client.request("/v1/completions", payload)
+        served = (resp.get("usage") or {}).get("prompt_tokens")
+        if served is not None and served != len(prompt):
+            raise RuntimeError(
+                f"openai engine (llama-cpp-python): the server tokenized the {len(prompt)}-token prompt "
+                f"{payload['prompt']!r} into {served} tokens, so it would sample from a different prompt. "
+                "The GGUF's tokenizer must reproduce the policy's (rlvr.rollout.gguf_export writes one that "
+                "does for byte-level and character-level BPE), and its add_bos_token must be false."
+            )
+        return (resp.get("choices") or [{}])[0]
+
+
 #: Request/response conventions understood by ``dialect=``; see the module docstring.
-DIALECTS: tuple[str, ...] = ("openai", "llama-cpp-python")
+DIALECTS: dict[str, type] = {"openai": OpenAIDialect, "llama-cpp-python": LlamaCppPythonDialect}
+
+
+# ------------------------------------------------------------------------------ token-id recovery
+
+
+def _piece_ids(choice: dict, n_logprobs: int, tokenizer) -> list[int] | None:
+    """Ids from the per-token text pieces of ``logprobs.tokens`` (servers that return no ids), when
+    each piece is exactly one token and the pieces spell the returned text; else None."""
+    pieces = (choice.get("logprobs") or {}).get("tokens") or []
+    if len(pieces) != n_logprobs or not "".join(pieces).startswith(choice.get("text", "")):
+        return None
+    ids = [tokenizer.encode(p, add_special_tokens=False) for p in pieces]
+    return [i[0] for i in ids] if all(len(i) == 1 for i in ids) else None
+
+
+def choice_ids(choice: dict, tokenizer) -> tuple[list[int], list[float] | None]:
+    """A choice's token ids and log-probs, ids taken in order of preference (see the module docstring);
+    log-probs that cannot be aligned with the ids are reported as None rather than wrong."""
+    lp = choice.get("logprobs") or {}
+    logprobs = lp.get("token_logprobs")
+    ids = choice.get("token_ids")
+    if ids is None and lp.get("tokens") and all(str(t).startswith("token_id:") for t in lp["tokens"]):
+        ids = [int(str(t).split(":", 1)[1]) for t in lp["tokens"]]
+    if ids is None and logprobs is not None:
+        ids = _piece_ids(choice, len(logprobs), tokenizer)
+    if ids is None:
+        ids = tokenizer.encode(choice.get("text", ""), add_special_tokens=False)
+    if logprobs is not None and (len(logprobs) != len(ids) or any(x is None for x in logprobs)):
+        logprobs = None  # cannot be aligned with the ids: report none rather than wrong ones
+    return list(ids), None if logprobs is None else [float(x) for x in logprobs]
+
+
+# ---------------------------------------------------------------------------- export and reload
+
+
+class PolicyExporter:
+    """Writes the live policy for a server to reload and tells the server to reload it."""
+
+    def __init__(self, model, tokenizer, export_dir: str | None, reload_url: str | None,
+                 reload_command: str | None, ready_timeout_s: float):
+        self.model, self.tokenizer = model, tokenizer
+        self.export_dir = export_dir or tempfile.mkdtemp(prefix="rlvr-policy-export-")
+        self.reload_url, self.reload_command, self.ready_timeout_s = reload_url, reload_command, ready_timeout_s
+
+    def export(self, version: int) -> str:
+        """``save_pretrained`` into a temp folder renamed into ``policy-v{version}``: a server never sees a
+        half-written checkpoint. A PEFT policy saves its adapter only (vLLM serves adapters via
+        /v1/load_lora_adapter); merging here would mutate the model being trained."""
+        final = os.path.join(self.export_dir, f"policy-v{version}")
+        tmp = tempfile.mkdtemp(prefix=f".policy-v{version}-", dir=self.export_dir)
+        self.model.save_pretrained(tmp)
+        self.tokenizer.save_pretrained(tmp)
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return final
+
+    def ask_server_to_reload(self, final: str, version: int) -> None:
+        if self.reload_url:
+            req = urllib.request.Request(self.reload_url, data=json.dumps({"path": final, "version": version}).encode(),
+                                         method="POST")
+            req.add_header("Content-Type", "application/json")
+            with urllib.request.urlopen(req, timeout=self.ready_timeout_s):
+                pass
+        if self.reload_command:
+            cmd = self.reload_command.format(path=shlex.quote(final), version=version)
+            done = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=self.ready_timeout_s,
+                                  check=False)
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"openai engine: reload_command exited {done.returncode}: {done.stderr[-500:]}. "
+                    "The server keeps its previous weights; fix the command or set reload_every=0."
+                )
+
+    def prune(self, keep: str) -> None:
+        """Only the served export is kept: a 7B policy is ~15 GB per copy."""
+        for name in os.listdir(self.export_dir):
+            path = os.path.join(self.export_dir, name)
+            if name.startswith("policy-v") and path != keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------ the engine
 
 
 class OpenAICompletionsEngine:
-    """Rollouts from an OpenAI-compatible completions server. ``samples_live_policy = False``."""
+    """Rollouts from an OpenAI-compatible completions server. ``samples_live_policy = False``.
+
+    Composed of a ``CompletionsClient`` (HTTP), a dialect (request shape), ``choice_ids`` (token-id
+    recovery) and a ``PolicyExporter`` (export and reload); the engine itself keeps the staleness count."""
 
     samples_live_policy = False
     #: False: ``load_weights`` cannot make the server current (a reload, when configured, lands only
-    #: every ``reload_every`` steps), so the trainer must require ``allow_stale_sampler: true``.
+    #: every ``reload_every`` steps), so the config must require ``allow_stale_sampler: true``.
     receives_weights = False
+    #: True: log-probs are requested with every completion; ones that do not align with the returned
+    #: tokens are dropped (that completion's ``logprobs`` is None).
+    reports_logprobs = True
 
     def __init__(
         self,
@@ -103,231 +317,62 @@ class OpenAICompletionsEngine:
                 f"openai engine: unknown dialect {dialect!r}; valid: {', '.join(DIALECTS)}. Use 'openai' for "
                 "vLLM, SGLang, TGI and llama.cpp's llama-server, 'llama-cpp-python' for python -m llama_cpp.server."
             )
-        self.dialect = dialect
-        self.model = model  # the live policy: only read when exporting for a reload
-        self.tokenizer = tokenizer
-        self.base_url = base_url.rstrip("/")
-        self.base_url = self.base_url.removesuffix("/v1")
-        self.api_key = (
-            api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-        )
-        self.timeout_s = timeout_s
-        self.max_concurrency = max_concurrency
-        self.eos_ids = resolve_eos_ids(model, tokenizer, eos_token_ids)
         if reload_every < 0:
-            raise ValueError(
-                f"reload_every must be >= 0 (0 = never reload), got {reload_every}."
-            )
+            raise ValueError(f"reload_every must be >= 0 (0 = never reload), got {reload_every}.")
         if reload_every and not (reload_url or reload_command):
             raise ValueError(
                 "openai engine: reload_every > 0 needs a way to tell the server to reload: set reload_url "
                 "(POST {path, version}) or reload_command (a shell command with {path}), or set reload_every=0 "
                 "to sample from the server's fixed weights."
             )
+        self.dialect, self.request_dialect = dialect, DIALECTS[dialect]()
+        self.tokenizer = tokenizer
+        self.client = CompletionsClient(base_url, api_key, timeout_s)
+        self.base_url = self.client.base_url
+        self.max_concurrency = max_concurrency
+        self.eos_ids = resolve_eos_ids(model, tokenizer, eos_token_ids)
         self.reload_every = reload_every
-        self.reload_url = reload_url
-        self.reload_command = reload_command
-        self.ready_timeout_s = ready_timeout_s
-        self.export_dir = export_dir or tempfile.mkdtemp(prefix="rlvr-policy-export-")
+        self.exporter = PolicyExporter(model, tokenizer, export_dir, reload_url, reload_command, ready_timeout_s)
+        self.export_dir = self.exporter.export_dir
         #: optimizer steps seen (one per load_weights call), and the step the server's weights are from.
         self.policy_version = 0
         self.served_version = 0
-        self.model_name = model_name or self._first_served_model()
+        self.model_name = model_name or self.client.first_served_model()
+
+    def describe(self, sampling: SamplingParams) -> str:
+        reload = f", reloaded every {self.reload_every} steps" if self.reload_every else ", never reloaded"
+        return f"openai engine: {self.base_url} serving {self.model_name!r} (its own weights{reload})"
 
     @property
     def policy_lag(self) -> int:
         """Optimizer steps between the weights the server samples from and the live policy."""
         return self.policy_version - self.served_version
 
-    # -- HTTP -----------------------------------------------------------------------------------
-    def _request(
-        self, path: str, payload: dict | None = None, timeout: float | None = None
-    ) -> dict:
-        url = self.base_url + path
-        data = None if payload is None else json.dumps(payload).encode()
-        req = urllib.request.Request(
-            url, data=data, method="GET" if payload is None else "POST"
-        )
-        req.add_header("Content-Type", "application/json")
-        if self.api_key:
-            req.add_header("Authorization", f"Bearer {self.api_key}")
-        try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout_s) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as e:
-            body = e.read().decode(errors="replace")[:500]
-            raise RuntimeError(
-                f"openai engine: {url} answered HTTP {e.code}: {body}. Check that the server supports "
-                "/v1/completions with token-id prompts and the sampling fields sent."
-            ) from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-            raise ConnectionError(
-                f"openai engine: cannot reach {url} ({e}). Start the server (e.g. `python -m "
-                "llama_cpp.server --model policy.gguf` or `vllm serve <model>`) and set base_url to it."
-            ) from None
-
-    def _first_served_model(self) -> str:
-        models = self._request("/v1/models", timeout=30).get("data") or []
-        if not models:
-            raise RuntimeError(
-                f"openai engine: {self.base_url}/v1/models lists no model; pass model_name=..."
-            )
-        return models[0]["id"]
-
     # -- sampling -------------------------------------------------------------------------------
-    def _payload(self, prompt: list[int], n: int, sampling: SamplingParams) -> dict:
-        payload = {
-            "model": self.model_name,
-            "prompt": prompt,
-            "n": n,
-            "max_tokens": sampling.max_tokens,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "logprobs": 1,
-            "echo": False,
-            # Non-OpenAI fields understood by vLLM and llama.cpp; OpenAI itself would reject them,
-            # but it does not take token-id prompts of custom models either.
-            "top_k": sampling.top_k if sampling.top_k > 0 else -1,
-            "min_p": sampling.min_p,
-            "repetition_penalty": sampling.repetition_penalty,
-            "return_token_ids": True,
-            "skip_special_tokens": False,
-            "include_stop_str_in_output": True,
-        }
-        if sampling.stop:
-            payload["stop"] = list(sampling.stop)
-        if sampling.seed is not None:
-            payload["seed"] = sampling.seed
-        return payload
-
-    def _llama_cpp_python_payload(
-        self, prompt: list[int], sampling: SamplingParams
-    ) -> dict:
-        """One completion (the server ignores ``n``); every filter explicit, since its defaults filter."""
-        payload = {
-            "model": self.model_name,
-            # Special tokens kept so the server's tokenizer (special=True) maps "<s>" back to BOS.
-            "prompt": self.tokenizer.decode(prompt, skip_special_tokens=False),
-            "max_tokens": sampling.max_tokens,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "top_k": max(sampling.top_k, 0),
-            "min_p": sampling.min_p,
-            "repeat_penalty": sampling.repetition_penalty,
-            "logprobs": 1,
-            "echo": False,
-        }
-        if sampling.stop:
-            payload["stop"] = list(sampling.stop)
-        if sampling.seed is not None:
-            payload["seed"] = sampling.seed
-        return payload
-
-    def _piece_ids(self, choice: dict, n_logprobs: int) -> list[int] | None:
-        """Ids from the per-token text pieces of ``logprobs.tokens`` (servers that return no ids), when
-        each piece is exactly one token and the pieces spell the returned text; else None."""
-        pieces = (choice.get("logprobs") or {}).get("tokens") or []
-        if len(pieces) != n_logprobs or not "".join(pieces).startswith(
-            choice.get("text", "")
-        ):
-            return None
-        ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in pieces]
-        return [i[0] for i in ids] if all(len(i) == 1 for i in ids) else None
-
-    def _choice_ids(self, choice: dict) -> tuple[list[int], list[float] | None]:
-        lp = choice.get("logprobs") or {}
-        logprobs = lp.get("token_logprobs")
-        ids = choice.get("token_ids")
-        if (
-            ids is None
-            and lp.get("tokens")
-            and all(str(t).startswith("token_id:") for t in lp["tokens"])
-        ):
-            ids = [int(str(t).split(":", 1)[1]) for t in lp["tokens"]]
-        if ids is None and logprobs is not None:
-            ids = self._piece_ids(choice, len(logprobs))
-        if ids is None:
-            ids = self.tokenizer.encode(
-                choice.get("text", ""), add_special_tokens=False
-            )
-        if logprobs is not None and (
-            len(logprobs) != len(ids) or any(x is None for x in logprobs)
-        ):
-            logprobs = None  # cannot be aligned with the ids: report none rather than wrong ones
-        return list(ids), None if logprobs is None else [float(x) for x in logprobs]
-
-    def _one_prompt(
-        self, index: int, prompt: list[int], n: int, sampling: SamplingParams
-    ) -> list[Completion]:
-        if self.dialect == "llama-cpp-python":
-            choices = [
-                self._llama_cpp_python_choice(prompt, sampling, i) for i in range(n)
-            ]
-        else:
-            resp = self._request("/v1/completions", self._payload(prompt, n, sampling))
-            choices = sorted(resp.get("choices", []), key=lambda c: c.get("index", 0))
-        if len(choices) != n:
-            raise RuntimeError(
-                f"openai engine: asked for n={n} completions, the server returned {len(choices)}."
-            )
-        eos = set(self.eos_ids)
-        out = []
-        for choice in choices:
-            ids, logprobs, hit_eos = cut_at_eos(*self._choice_ids(choice), eos)
-            completion = make_completion(
-                index,
-                ids,
-                logprobs,
-                hit_eos,
-                self.tokenizer,
-                sampling.stop,
-                extra={
-                    "policy_lag": self.policy_lag,
-                    "server_finish_reason": choice.get("finish_reason"),
-                },
-            )
-            # A server may stop on its own EOS list (e.g. the GGUF's) that we do not know about.
-            if (
-                not hit_eos
-                and choice.get("finish_reason") == "stop"
-                and len(ids) < sampling.max_tokens
-            ):
-                completion.finish_reason = "stop"
-            out.append(completion)
-        return out
-
-    def _llama_cpp_python_choice(
-        self, prompt: list[int], sampling: SamplingParams, i: int
-    ) -> dict:
-        payload = self._llama_cpp_python_payload(prompt, sampling)
-        if (
-            sampling.seed is not None
-        ):  # one request per sample: distinct, reproducible seeds
-            payload["seed"] = sampling.seed + i
-        resp = self._request("/v1/completions", payload)
-        served = (resp.get("usage") or {}).get("prompt_tokens")
-        if served is not None and served != len(prompt):
-            raise RuntimeError(
-                f"openai engine (llama-cpp-python): the server tokenized the {len(prompt)}-token prompt "
-                f"{payload['prompt']!r} into {served} tokens, so it would sample from a different prompt. "
-                "The GGUF's tokenizer must reproduce the policy's (rlvr.rollout.gguf_export writes one that "
-                "does for byte-level and character-level BPE), and its add_bos_token must be false."
-            )
-        return (resp.get("choices") or [{}])[0]
-
-    def generate(
-        self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams
-    ) -> list[Completion]:
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams) -> list[Completion]:
         validate_request(prompt_ids, n, sampling)
         workers = max(1, min(self.max_concurrency, len(prompt_ids)))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            groups = list(
-                pool.map(
-                    lambda ip: self._one_prompt(ip[0], ip[1], n, sampling),
-                    enumerate(prompt_ids),
-                )
-            )
+            groups = list(pool.map(lambda ip: self._one_prompt(ip[0], ip[1], n, sampling), enumerate(prompt_ids)))
         return [c for group in groups for c in group]
+
+    def _one_prompt(self, index: int, prompt: list[int], n: int, sampling: SamplingParams) -> list[Completion]:
+        choices = self.request_dialect.choices(self.client, self.model_name, self.tokenizer, prompt, n, sampling)
+        if len(choices) != n:
+            raise RuntimeError(f"openai engine: asked for n={n} completions, the server returned {len(choices)}.")
+        eos = set(self.eos_ids)
+        out = []
+        for choice in choices:
+            ids, logprobs, hit_eos = cut_at_eos(*choice_ids(choice, self.tokenizer), eos)
+            completion = make_completion(
+                index, ids, logprobs, hit_eos, self.tokenizer, sampling.stop,
+                extra={"policy_lag": self.policy_lag, "server_finish_reason": choice.get("finish_reason")},
+            )
+            # A server may stop on its own EOS list (e.g. the GGUF's) that we do not know about.
+            if not hit_eos and choice.get("finish_reason") == "stop" and len(ids) < sampling.max_tokens:
+                completion.finish_reason = "stop"
+            out.append(completion)
+        return out
 
     # -- staleness ------------------------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -340,62 +385,12 @@ class OpenAICompletionsEngine:
     def reload(self) -> str:
         """Export the live policy now and make the server serve it. Returns the exported folder."""
         version = self.policy_version
-        final = os.path.join(self.export_dir, f"policy-v{version}")
-        tmp = tempfile.mkdtemp(prefix=f".policy-v{version}-", dir=self.export_dir)
-        # A PEFT policy saves its adapter only (vLLM serves adapters via /v1/load_lora_adapter);
-        # merging here would mutate the model being trained.
-        self.model.save_pretrained(tmp)
-        self.tokenizer.save_pretrained(tmp)
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        if self.reload_url:
-            url = self.reload_url
-            req = urllib.request.Request(
-                url,
-                data=json.dumps({"path": final, "version": version}).encode(),
-                method="POST",
-            )
-            req.add_header("Content-Type", "application/json")
-            with urllib.request.urlopen(req, timeout=self.ready_timeout_s):
-                pass
-        if self.reload_command:
-            cmd = self.reload_command.format(path=shlex.quote(final), version=version)
-            done = subprocess.run(
-                cmd,
-                shell=True,
-                capture_output=True,
-                text=True,
-                timeout=self.ready_timeout_s,
-                check=False,
-            )
-            if done.returncode != 0:
-                raise RuntimeError(
-                    f"openai engine: reload_command exited {done.returncode}: {done.stderr[-500:]}. "
-                    "The server keeps its previous weights; fix the command or set reload_every=0."
-                )
-        self._wait_ready()
+        final = self.exporter.export(version)
+        self.exporter.ask_server_to_reload(final, version)
+        self.client.wait_ready(self.exporter.ready_timeout_s)
         self.served_version = version
-        self._prune_exports(keep=final)
+        self.exporter.prune(keep=final)
         return final
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout_s
-        while True:
-            try:
-                self._request("/v1/models", timeout=10)
-                return
-            except ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-
-    def _prune_exports(self, keep: str) -> None:
-        """Only the served export is kept: a 7B policy is ~15 GB per copy."""
-        for name in os.listdir(self.export_dir):
-            path = os.path.join(self.export_dir, name)
-            if name.startswith("policy-v") and path != keep:
-                shutil.rmtree(path, ignore_errors=True)
 
     def close(self) -> None:
         pass

@@ -1,8 +1,8 @@
-"""``vllm``: vLLM as a rollout engine, colocated in-process or as a server (issue 8, DESIGN.md §5).
+"""``vllm``: vLLM as a rollout engine, colocated in-process or as a server (docs/rollout.md).
 
 Written against vLLM's documented APIs; vLLM is not installed on the machines this was developed
 on (its wheel is CUDA-only and far larger than the GPU machine can take), so this module has not
-been run: see docs/rollout.md, "What was and was not run".
+been run: see docs/rollout.md, "What is and is not tested".
 
 - ``mode="colocate"``: an in-process ``vllm.LLM`` on the trainer's GPU. ``n=G`` per prompt (vLLM
   shares the prompt's KV blocks across the group), sleep mode to hand the GPU back to training
@@ -42,7 +42,7 @@ def _require_vllm() -> None:
         raise ImportError(
             "rollout engine 'vllm' needs vLLM, which is not installed in this environment. Install the "
             "extra with `pip install 'rlvr[vllm]'` (a CUDA machine is required), or choose "
-            "rollout.engine=native, which samples from the live policy without vLLM."
+            "rollout.backend=native, which samples from the live policy without vLLM."
         )
 
 
@@ -67,6 +67,8 @@ class VLLMColocateEngine:
 
     samples_live_policy = False
     receives_weights = True
+    reports_logprobs = True  # processed_logprobs mode: after temperature, as the trainer computes them
+    policy_lag = 0  # weights pushed after every optimizer step
 
     def __init__(
         self,
@@ -239,6 +241,9 @@ class VLLMColocateEngine:
                 )
         return completions
 
+    def describe(self, sampling: SamplingParams) -> str:
+        return "vllm engine: colocated vLLM, weights pushed after every optimizer step"
+
     def close(self) -> None:
         del self.llm
         torch.cuda.empty_cache()
@@ -249,11 +254,16 @@ class VLLMServerEngine:
     weight-transfer routes (NCCL from this process's GPU to the server's). ``receives_weights = True``.
 
     Completions go through an ``OpenAICompletionsEngine`` held inside (composition, not
-    inheritance: this engine is never stale, so it deliberately has no ``policy_lag``, which the
-    trainer reads as "a stale sampler")."""
+    inheritance: that engine counts a stale server's lag; this one pushes weights every step).
+    ``push_weights=False`` leaves the server's weights fixed: then this engine is a stale sampler."""
 
     samples_live_policy = False
     receives_weights = True
+    reports_logprobs = True
+
+    @property
+    def policy_lag(self) -> int:
+        return 0 if self.client is not None else self.http.policy_lag
 
     def __init__(
         self,
@@ -270,6 +280,7 @@ class VLLMServerEngine:
                 "(adapters are synced with LoRARequest) or merge the adapter before training."
             )
         self.model = model
+        self.receives_weights = push_weights
         self.http = OpenAICompletionsEngine(
             model, tokenizer, base_url=base_url, **options
         )
@@ -286,8 +297,13 @@ class VLLMServerEngine:
     ) -> list[Completion]:
         return self.http.generate(prompt_ids, n, sampling)
 
+    def describe(self, sampling: SamplingParams) -> str:
+        push = "weights pushed after every optimizer step" if self.client is not None else "fixed server weights"
+        return f"vllm engine: vLLM server at {self.http.base_url}, {push}"
+
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         if self.client is None:
+            self.http.load_weights(named_tensors)  # fixed server weights: counts the lag (or reloads)
             return
         self.client.update_model_params(self.model)
         self.client.reset_prefix_cache()  # cached prompt KV was computed by the old weights

@@ -1,4 +1,4 @@
-"""Built-in tasks and dataset loading (DESIGN.md §3).
+"""Built-in tasks and dataset loading (docs/architecture.md).
 
 ``get_task("arithmetic")`` (the default job's task), ``get_task("countdown")``,
 ``get_task("gsm8k", path=...)`` and ``get_task("file", path=..., answer_column=...)`` build tasks;

@@ -4,7 +4,7 @@ The default (2-digit addition, operands 10-99) is what the shipped tiny model wa
 (scripts/make_tiny_model.py). About 76% of these additions carry (into the tens, into the
 hundreds, or both), which is where the shipped model's greedy answer goes wrong.
 
-The checker is strict on purpose (DESIGN.md §6): the stripped completion must be exactly one integer
+The checker is strict on purpose (docs/checkers.md): the stripped completion must be exactly one integer
 (``-?\\d+``), so ``"825 826"`` (answer spraying), ``"825.0"``, ``"eight hundred"`` and text around
 the number all score 0, and a truncated completion scores 0 whatever it holds.
 """
@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlvr.rewards.base import REWARDS, Verdict
-from rlvr.tasks.base import TASKS, Row, column, completion_text, is_held_out
+from rlvr.rewards.base import REWARDS, CheckerReward, Verdict
+from rlvr.tasks.base import TASKS, Row, is_held_out
 
 OPERATIONS = "+-*"
 
@@ -169,31 +169,23 @@ def check_integer(completion: str, gold: str, truncated: bool = False) -> Verdic
     return verdict(correct, "ok" if correct else "wrong")
 
 
-class ExactIntegerReward:
+class ExactIntegerReward(CheckerReward):
     """TRL-signature reward: 1.0 when the completion is exactly the gold integer, else 0.0.
 
     A gold value that is not an integer makes the completion unscorable (``None``): that is a data
-    bug, and a 0 would silently teach the model to avoid the prompt.
+    bug, and a 0 would silently teach the model to avoid the prompt. Built on ``CheckerReward``:
+    verdicts, timing and ``stats`` (counted reasons) like every other checker.
     """
 
     kind = "correctness"
 
     def __init__(self, gold_column: str = "answer", name: str = "arithmetic"):
+        super().__init__(name)
         self.gold_column = gold_column
-        self.__name__ = name
+        self.required_columns = (gold_column,)
 
-    def verdicts(
-        self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **columns: Any
-    ) -> list[Verdict]:
-        n = len(completions)
-        golds = column(columns, self.gold_column, n)
-        truncated = column(columns, "truncated", n, default=False)
-        return [check_integer(completion_text(c), g, bool(t)) for c, g, t in zip(completions, golds, truncated)]
-
-    def __call__(
-        self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **columns: Any
-    ) -> list[float | None]:
-        return [v.reward for v in self.verdicts(prompts, completions, completion_ids, **columns)]
+    def check(self, text: str, row: dict[str, Any]) -> Verdict:
+        return check_integer(text, row[self.gold_column], bool(row.get("truncated", False)))
 
 
 REWARDS.add("arithmetic", ExactIntegerReward)

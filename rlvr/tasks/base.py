@@ -71,32 +71,3 @@ def get_task(name: str, **options: Any) -> Task:
         valid = ", ".join(p for p in inspect.signature(factory).parameters)
         raise TypeError(f"task {name!r}: {err}; its options are: {valid}") from None
     return factory(**options)
-
-
-def completion_text(completion: Any) -> str:
-    """The text of one completion as TRL passes it: a string, or (conversational data) a list of
-    messages whose last one is the assistant's reply."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
-    raise TypeError(f"a completion must be a string or a list of chat messages, got {type(completion).__name__}")
-
-
-def column(columns: dict[str, Any], name: str, n: int, default: Any = None) -> list[Any]:
-    """Column ``name`` of a reward call, checked to hold one value per completion.
-
-    A missing column is an error unless ``default`` is given (then every row gets it): the gold
-    column must come from the dataset, while ``truncated`` may be absent outside the trainer.
-    """
-    if name not in columns or columns[name] is None:
-        if default is None:
-            raise KeyError(
-                f"the reward function needs the column {name!r}, but the call only has "
-                f"{sorted(columns)}; keep that column in the dataset (or pass gold_column=...)"
-            )
-        return [default] * n
-    values = list(columns[name])
-    if len(values) != n:
-        raise ValueError(f"column {name!r} has {len(values)} values for {n} completions")
-    return values

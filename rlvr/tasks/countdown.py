@@ -1,7 +1,7 @@
 """The countdown task: reach a target with the given numbers, each used exactly once, with
 ``+ - * /`` and parentheses (the TinyZero / "Countdown" game used in R1-Zero replications).
 
-The checker never evaluates model text (DESIGN.md §6): it parses the completion with ``ast`` in
+The checker never evaluates model text (docs/checkers.md): it parses the completion with ``ast`` in
 ``eval`` mode, accepts only a tree of non-negative integer literals, the four binary operators and
 parentheses (which ``ast`` folds away), and computes the value itself with exact ``Fraction``
 arithmetic. Names, attributes, calls, lambdas, subscripts, ``**``, unary minus, floats, strings and
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from rlvr.rewards.base import REWARDS, Verdict
-from rlvr.tasks.base import TASKS, Row, column, completion_text, is_held_out
+from rlvr.rewards.base import REWARDS, CheckerReward, Verdict
+from rlvr.tasks.base import TASKS, Row, is_held_out
 
 #: Longest equation text the checker will parse. A 6-number countdown answer is ~30 characters.
 MAX_EQUATION_CHARS = 200
@@ -118,33 +118,22 @@ def check_countdown(completion: str, numbers: list[int], target: int, truncated:
     return verdict(correct, "ok" if correct else "wrong", value=str(result))
 
 
-class CountdownReward:
-    """TRL-signature reward for countdown rows (columns ``numbers`` and ``target``)."""
+class CountdownReward(CheckerReward):
+    """TRL-signature reward for countdown rows (columns ``numbers`` and ``target``), on ``CheckerReward``."""
 
     kind = "correctness"
     gold_column = "answer"  # one valid equation, for diagnostics; correctness never looks at it
+    gold_required = False
 
     def __init__(self, numbers_column: str = "numbers", target_column: str = "target"):
+        super().__init__("countdown")
         self.numbers_column = numbers_column
         self.target_column = target_column
-        self.__name__ = "countdown"
+        self.required_columns = (numbers_column, target_column)
 
-    def verdicts(
-        self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **columns: Any
-    ) -> list[Verdict]:
-        n = len(completions)
-        numbers = column(columns, self.numbers_column, n)
-        targets = column(columns, self.target_column, n)
-        truncated = column(columns, "truncated", n, default=False)
-        return [
-            check_countdown(completion_text(c), nums, tgt, bool(t))
-            for c, nums, tgt, t in zip(completions, numbers, targets, truncated)
-        ]
-
-    def __call__(
-        self, prompts: list[Any], completions: list[Any], completion_ids: Any = None, **columns: Any
-    ) -> list[float | None]:
-        return [v.reward for v in self.verdicts(prompts, completions, completion_ids, **columns)]
+    def check(self, text: str, row: dict[str, Any]) -> Verdict:
+        return check_countdown(text, row[self.numbers_column], row[self.target_column],
+                               bool(row.get("truncated", False)))
 
 
 REWARDS.add("countdown", CountdownReward)

@@ -141,3 +141,22 @@ def test_rewards_from_lists():
 def test_rewards_from_lists_rejects_bad_rewards(lists, match):
     with pytest.raises(ValueError, match=match):
         rewards_from_lists(lists)
+
+
+def test_total_reward_and_zero_spread_one_definition_each():
+    """Hand-derived: weights (1, 0.5); a function's None is left out of the sum, a row no function scored
+    is NaN (not 0); zero spread compares scorable totals only, at the one ZERO_SPREAD threshold."""
+    import math
+
+    from rlvr.core import ZERO_SPREAD, total_reward, zero_spread
+
+    nan = math.nan
+    rewards_NK = torch.tensor([[1.0, 1.0], [nan, 2.0], [nan, nan], [0.0, 0.0],
+                               [1.0, 0.0], [1.0, 0.0], [nan, nan], [1.0, 2 * ZERO_SPREAD]], dtype=torch.float64)
+    total_N = total_reward(rewards_NK, [1.0, 0.5])
+    assert total_N[:2].tolist() == [1.5, 1.0] and math.isnan(total_N[2]) and total_N[3] == 0.0
+    # groups of 2: [1.5, 1.0] spread; [NaN, 0] one scorable -> zero; [1, 1] zero; [NaN, 1+eps] one scorable -> zero
+    assert zero_spread(total_N, 2).tolist() == [False, True, True, True]
+    # at the threshold: a spread of exactly ZERO_SPREAD is zero spread, twice it is not
+    edge_N = torch.tensor([0.0, ZERO_SPREAD, 0.0, 2 * ZERO_SPREAD], dtype=torch.float64)
+    assert zero_spread(edge_N, 2).tolist() == [True, False]

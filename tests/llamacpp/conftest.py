@@ -1,6 +1,6 @@
 """Fixtures for the real llama.cpp tests: the shipped tiny model as GGUF, served by llama-cpp-python.
 
-Optional extra (issue 8): ``pip install gguf "llama-cpp-python[server]"``; without it these tests skip.
+Optional extra: ``pip install gguf "llama-cpp-python[server]"``; without it these tests skip.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Start, stop and restart llama-cpp-python's OpenAI-compatible server for the tests (issue 8).
+"""Start, stop and restart llama-cpp-python's OpenAI-compatible server for the tests.
 
 The server cannot swap weights in place, so a "reload" is a restart on a new GGUF: this module is also
 the ``reload_command`` the stale-sampler test hands to the ``openai`` engine::

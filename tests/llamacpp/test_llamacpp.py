@@ -1,4 +1,4 @@
-"""The ``openai`` engine and the trainer against a real llama.cpp server (issue 8, stale samplers).
+"""The ``openai`` engine and the trainer against a real llama.cpp server (stale samplers).
 
 The shipped tiny model is exported to GGUF by rlvr.rollout.gguf_export and served by llama-cpp-python's
 OpenAI-compatible server (``python -m llama_cpp.server``) on this machine's CPU. Greedy tokens equal

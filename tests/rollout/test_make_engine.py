@@ -2,11 +2,22 @@ import importlib.util
 
 import pytest
 
-from rlvr.rollout import ENGINE_NAMES, RolloutEngine, SamplingParams, make_engine
+from rlvr.rollout import ENGINE_NAMES, RolloutEngine, SamplingParams, engine_class, make_engine
 
 
 def test_engine_names_cover_the_backends():
     assert set(ENGINE_NAMES) == {"hf", "native", "openai", "vllm", "vllm-server"}
+
+
+@pytest.mark.parametrize("name", ENGINE_NAMES)
+def test_every_engine_declares_every_capability(name):
+    """The loop and the config read these attributes and nothing else: each engine states them itself."""
+    cls = engine_class(name)
+    for capability in ("samples_live_policy", "receives_weights", "reports_logprobs"):
+        assert isinstance(vars(cls).get(capability), bool), f"{cls.__name__} does not declare {capability}"
+    assert "policy_lag" in vars(cls), f"{cls.__name__} does not declare policy_lag"
+    if cls.samples_live_policy:  # a live engine is current by construction
+        assert cls.receives_weights and vars(cls)["policy_lag"] == 0
 
 
 def test_unknown_engine_lists_valid_names(llama_and_tok):

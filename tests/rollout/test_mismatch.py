@@ -56,3 +56,9 @@ def test_warning_only_when_large():
     # A 3x disagreement on every token: w = 3 (outside [0.5, 2]), k3 = 3 - ln 3 - 1 ≈ 0.90 > 0.01.
     msg = check_mismatch(logprob_mismatch_metrics(logp, logp + math.log(3.0), mask))
     assert msg is not None and "KL" in msg and "temperature" in msg and "100.00%" in msg
+
+
+def test_check_mismatch_has_nothing_to_judge_without_compared_tokens():
+    assert check_mismatch({"reward": 1.0}) is None  # the engine reported no log-probs at all
+    logp = torch.zeros(2, 3)
+    assert check_mismatch(logprob_mismatch_metrics(logp, logp + 5.0, torch.zeros(2, 3))) is None

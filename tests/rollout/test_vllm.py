@@ -1,5 +1,5 @@
-"""vLLM backends (issue 8). Need vLLM and a CUDA GPU; skipped elsewhere. Not run in the session that
-wrote them (no vLLM, no GPU): see docs/rollout.md."""
+"""vLLM backends. Need vLLM and a CUDA GPU; skipped elsewhere (see docs/rollout.md, "What is and is
+not tested")."""
 
 from __future__ import annotations
 

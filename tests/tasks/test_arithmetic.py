@@ -125,3 +125,17 @@ def test_registered_reward_follows_the_trl_signature_and_contract():
 def test_reward_without_the_gold_column_names_it():
     with pytest.raises(KeyError, match="'answer'"):
         REWARDS.get("arithmetic")()(["1+1="], ["2"], None, solution=["2"])
+
+
+def test_task_checkers_share_the_checker_base_and_count_their_verdicts():
+    """Built on CheckerReward, so the trainer logs their reasons (rewards/<name>/timeouts among them)."""
+    from rlvr.rewards.base import CheckerReward
+
+    arithmetic, countdown = REWARDS.get("arithmetic")(), REWARDS.get("countdown")()
+    assert isinstance(arithmetic, CheckerReward) and isinstance(countdown, CheckerReward)
+    arithmetic(["1+1="] * 3, ["2", "3", "2"], None, answer=["2"] * 3, truncated=[False, False, True])
+    assert arithmetic.stats == {"ok": 1, "wrong": 1, "truncated": 1}
+    countdown(["p"], ["1+2"], None, numbers=[[1, 2]], target=[3])
+    assert countdown.stats == {"ok": 1}
+    with pytest.raises(ValueError, match="one value per completion"):
+        arithmetic(["1+1="] * 2, ["2", "2"], None, answer=["2"])

@@ -86,9 +86,9 @@ def test_malformed_override_and_missing_file():
         load_config("no/such/config.yaml")
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "rlvr" / "configs").glob("*.yaml")))
 def test_shipped_configs_validate(name):
-    cfg = load_config(REPO / "configs" / name)
+    cfg = load_config(REPO / "rlvr" / "configs" / name)
     assert isinstance(cfg, Config)
 
 
@@ -103,3 +103,28 @@ def test_cispo_needs_a_cap_above_one():
     with pytest.raises(ConfigError, match="epsilon_high"):
         load_config(None, ["loss_type=cispo"])
     assert load_config(None, ["loss_type=cispo", "epsilon_high=5.0"]).algo.epsilon_high == 5.0
+
+
+def test_algorithm_choices_come_from_the_registries(monkeypatch):
+    """A newly registered advantage estimator / KL estimator is valid config at once; unknown names list
+    exactly what the registries hold."""
+    from rlvr import core
+
+    for key, registry, leaf in (("advantage_estimator", core.ADVANTAGE_ESTIMATORS, lambda r, g, s: r),
+                                ("kl_estimator", core.KL_ESTIMATORS, lambda logp, ref: logp - ref)):
+        with pytest.raises(ConfigError, match=f"unknown {key} 'mine'; valid choices: {', '.join(registry.names())}"):
+            load_config(None, [f"algo.{key}=mine"])
+        monkeypatch.setitem(registry._items, "mine", leaf)
+        assert getattr(load_config(None, [f"algo.{key}=mine"]).algo, key) == "mine"
+    for key, bad in (("scale_rewards", "median"), ("importance_sampling_level", "group"),
+                     ("sampler_importance_sampling_mode", "clip")):
+        with pytest.raises(ConfigError, match=f"unknown {key} '{bad}'"):
+            load_config(None, [f"algo.{key}={bad}"])
+
+
+def test_ready_configs_resolve_by_bare_name_from_anywhere(tmp_path, monkeypatch):
+    """They ship inside the package (rlvr/configs/, package data), so a pip install has them too."""
+    monkeypatch.chdir(tmp_path)
+    assert load_config("dapo_math") == load_config(REPO / "rlvr" / "configs" / "dapo_math.yaml")
+    with pytest.raises(ConfigError, match="nor is it a ready config: .*dapo_math"):
+        load_config("dapo_mathh")

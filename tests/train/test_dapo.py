@@ -1,4 +1,4 @@
-"""DAPO dynamic sampling and predictive skipping (issue 7): what is kept, what is counted, what resumes."""
+"""DAPO dynamic sampling and predictive skipping: what is kept, what is counted, what resumes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 import rlvr.train as train_mod
 from rlvr.batch import Rollouts
 from rlvr.config import DapoConfig, load_config
-from rlvr.dapo import GroupFilter, group_outcomes
+from rlvr.dynamic_sampling import GroupFilter, group_outcomes
 from rlvr.rollout.base import Completion
 from test_smoke import read_jsonl, smoke_overrides
 

@@ -26,7 +26,7 @@ from safetensors.torch import load_file
 from test_smoke import read_jsonl, smoke_overrides
 
 from rlvr.config import load_config
-from rlvr.data import PromptStream
+from rlvr.tasks.stream import PromptStream
 from rlvr.distributed import weights_digest
 
 HERE = Path(__file__).parent

@@ -10,7 +10,7 @@ import torch
 
 import rlvr.train as train_mod
 from rlvr.config import load_config
-from rlvr.scoring import RewardFunctionError
+from rlvr.rewards.scoring import RewardFunctionError
 from test_smoke import read_jsonl, smoke_overrides
 
 
@@ -71,3 +71,50 @@ def test_wrong_length_reward_is_a_clear_error(tiny_model_dir, sum_dataset, tmp_p
     over.append("rewards=[{name: 'smoke_rewards:wrong_length'}]")
     with pytest.raises(RewardFunctionError, match="'wrong_length' returned 1 values for 16 completions"):
         train_mod.train(load_config(None, over))
+
+
+class _DropLogprobs:
+    """Wraps the run's engine and drops the sampler log-probs of every `every`-th completion: what an
+    OpenAI-compatible server does with misaligned log-probs, and what vLLM does when it returns None."""
+
+    def __init__(self, engine, every: int):
+        self.engine, self.every, self.kept_tokens = engine, every, 0
+        self.samples_live_policy = engine.samples_live_policy
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def generate(self, prompt_ids, n, sampling):
+        out = self.engine.generate(prompt_ids, n, sampling)
+        assert all(c.logprobs is not None for c in out), "the wrapped engine must report log-probs"
+        for i, c in enumerate(out):
+            if i % self.every == 0:
+                c.logprobs = None
+        self.kept_tokens = sum(len(c.token_ids) for c in out if c.logprobs is not None)
+        return out
+
+
+@pytest.mark.parametrize("every", [1, 2], ids=["all-missing", "some-missing"])
+def test_completions_without_sampler_logprobs_do_not_break_the_loop(monkeypatch, tiny_model_dir, sum_dataset,
+                                                                     tmp_path, every):
+    wrapped = []
+    real_make = train_mod.make_engine
+
+    def make_engine(*args, **kwargs):
+        wrapped.append(_DropLogprobs(real_make(*args, **kwargs), every))
+        return wrapped[-1]
+
+    monkeypatch.setattr(train_mod, "make_engine", make_engine)
+    out = tmp_path / "run"
+    # per_device_train_batch_size = the whole generation batch: one micro-batch, so mismatch/tokens is the
+    # count over the whole batch and can be compared with what the engine kept.
+    result = train_mod.train(load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, out, "train.max_steps=2")))
+    assert result["step"] == 2
+    lines = read_jsonl(out / "metrics.jsonl")
+    assert [m["step"] for m in lines] == [1, 2]
+    if every == 1:  # nothing to compare: no mismatch keys at all
+        assert not [k for k in lines[-1] if k.startswith("mismatch/")]
+    else:  # compared on the completions that kept their log-probs, and only there
+        assert lines[-1]["mismatch/tokens"] == wrapped[0].kept_tokens > 0
+        assert lines[-1]["mismatch/tokens"] < lines[-1]["num_tokens"]
+        assert lines[-1]["mismatch/abs_logp_diff_mean"] < 1e-3  # hf engine: same model, same dtype

@@ -54,8 +54,13 @@ def test_three_steps_train_and_log(tiny_model_dir, sum_dataset, tmp_path):
         assert not missing, f"missing metrics {missing}"
         bad = {k: m[k] for k in ALWAYS_LOGGED if not math.isfinite(m[k])}
         assert not bad, f"non-finite metrics {bad}"
+        # DAPO's dynamic sampling is off by default: no group filter runs, so it has nothing to count.
+        assert not [k for k in m if k.startswith("dapo/")]
     assert read_jsonl(out / "samples.jsonl"), "no samples written"
     assert (out / "config.yaml").exists() and (out / "header.json").exists()
+    # Which decoder sampled is part of what made the run (decoders draw different random streams).
+    assert json.loads((out / "header.json").read_text())["rollout_decoder"] == \
+        "hf engine: transformers generate on the live policy"
     assert (out / "checkpoints").is_dir()
 
 

@@ -35,6 +35,8 @@ def overrides(model, data, out, server, *extra):
 def test_stale_backend_needs_explicit_consent():
     with pytest.raises(ConfigError, match="allow_stale_sampler=true"):
         load_config(None, ["rollout.backend=openai"])
+    for backend in ("native", "hf", "vllm", "vllm-server"):  # engines that take weights need no consent
+        load_config(None, [f"rollout.backend={backend}"])
 
 
 def test_lag_grows_and_importance_sampling_acts(server, tiny_model_dir, sum_dataset, tmp_path):

@@ -1,4 +1,4 @@
-/* rlvr's fused CPU decode loop for Llama / Qwen2 / Qwen3 (issue 8; docs/rollout.md).
+/* rlvr's fused CPU decode loop for Llama / Qwen2 / Qwen3 (docs/rollout.md).
  *
  * Why it exists: on a CPU, one decode step of a small model is a few hundred PyTorch ops of a few
  * microseconds each, and for the shipped 0.34M-parameter model the dispatch costs more than the

@@ -95,7 +95,8 @@ class PromptStream:
         return rows
 
     def peek(self, n: int) -> list[dict]:
-        """The first n rows of the stream, without moving it (a fresh iterator)."""
+        """Without moving the stream: a task's first n rows (a fresh iterator), or every row of a file
+        dataset whatever n is (a file is fingerprinted whole)."""
         if self._rows is not None:
             return [dict(r) for r in self._rows]
         it = self._iterate()

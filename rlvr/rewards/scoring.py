@@ -9,7 +9,7 @@ dotted import path ``package.module:function``. This module:
 - reports a wrong-length return or a non-number with the function's name (a bug in the function:
   the run stops with a clear error);
 - counts a *raising* function and scores that batch's completions ``None`` for it, so one flaky
-  function never kills a long run (DESIGN.md §9); ``None`` means "not scorable" and is ignored
+  function never kills a long run (docs/architecture.md); ``None`` means "not scorable" and is ignored
   by the advantage computation, exactly as in TRL;
 - turns NaN into ``None`` with a counted warning (NaN would poison the group mean).
 """

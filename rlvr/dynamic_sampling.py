@@ -1,7 +1,11 @@
-"""Which groups a generation batch keeps: DAPO dynamic sampling and predictive prompt skipping (issue 7).
+"""Which groups a generation batch keeps: DAPO dynamic sampling and predictive prompt skipping.
 
-A group whose rewards are all equal has zero advantage everywhere and teaches nothing
-(seed lesson, "Important"). Two mechanisms, both off by default:
+This is the config's ``dapo:`` section (batch assembly), not the ``dapo`` loss preset
+(``algo.loss_type``, an aggregation): either can be used without the other. The loop's ``collect``
+phase uses a ``GroupFilter`` only when one of the two mechanisms is on.
+
+A group whose rewards are all equal has zero advantage everywhere and teaches nothing. Two
+mechanisms, both off by default:
 
 - **Dynamic sampling** (DAPO, Yu et al. 2025, §3.2): drop zero-spread groups and sample more prompts
   until the batch holds the configured number of informative groups, for at most
@@ -22,10 +26,11 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from rlvr import core
 from rlvr.batch import Rollouts
 from rlvr.config import DapoConfig
 
@@ -37,27 +42,30 @@ def group_outcomes(batch: Rollouts, weights_K: torch.Tensor | None = None) -> li
     (diagnostics' `group_outcome` classifies by verdicts first: it answers "was it solved", not
     "does it carry gradient".)"""
     g, out = batch.group_size, []
-    rewards_NK = batch.rewards_NK
     if weights_K is None:
-        weights_K = torch.ones(rewards_NK.shape[1], dtype=torch.float64)
-    total_N = torch.nansum(rewards_NK * weights_K, dim=1)
+        weights_K = torch.ones(batch.rewards_NK.shape[1], dtype=torch.float64)
+    total_N = core.total_reward(batch.rewards_NK, weights_K)
+    zero_spread_B = core.zero_spread(total_N, g).tolist()
     for b in range(batch.num_groups):
-        tot = total_N[b * g:(b + 1) * g]
-        if float(tot.max() - tot.min()) > 1e-9:
+        if not zero_spread_B[b]:
             out.append("mixed")
             continue
         verdicts = batch.verdicts[b * g:(b + 1) * g] if batch.verdicts else []
         if verdicts and all(v is not None for v in verdicts):
             out.append("all_pass" if all(v.correct for v in verdicts) else "all_fail")
-        else:
-            out.append("all_pass" if float(tot[0]) > 0 else "all_fail")
+        else:  # the shared reward's sign (an unscorable group, NaN throughout, is all_fail)
+            out.append("all_pass" if float(total_N[b * g:(b + 1) * g].nan_to_num(0.0).max()) > 0 else "all_fail")
     return out
 
 
 class GroupFilter:
-    def __init__(self, cfg: DapoConfig, group_size: int, seed: int, weights_K: torch.Tensor | None = None):
+    """Decides which prompts are drawn and which sampled groups are kept; counts every decision (``dapo/*``).
+    ``warn`` is the console's warning channel."""
+
+    def __init__(self, cfg: DapoConfig, group_size: int, seed: int, weights_K: torch.Tensor | None = None,
+                 warn: Callable[[str], None] = print):
         self.cfg, self.group_size, self.seed = cfg, group_size, seed
-        self.weights_K = weights_K
+        self.weights_K, self.warn = weights_K, warn
         self.history: dict[str, list[str]] = defaultdict(list)  # prompt_id -> recent outcomes
         self.draws = 0  # for the re-probe coin, seeded per draw: resumable without RNG state
         self.warned_short = False
@@ -121,7 +129,7 @@ class GroupFilter:
         round's groups anyway: their advantages are all 0, so the step moves nothing but the KL term and
         the schedule, and the run cannot spin forever on data the policy always (or never) solves."""
         if batch.num_groups == 0 and last_part is not None and self.cfg.dynamic_sampling:
-            print(f"[rlvr] dynamic sampling: no group had reward spread in {self.cfg.max_generation_rounds} "
+            self.warn(f"dynamic sampling: no group had reward spread in {self.cfg.max_generation_rounds} "
                   "rounds; this step trains on zero-advantage groups (nothing to learn from this data now).")
             self._m["dapo/fallback_steps"] += 1
             for o in group_outcomes(last_part, self.weights_K):  # keep() counted them dropped: undo
@@ -136,7 +144,7 @@ class GroupFilter:
             batch = batch.select_groups(list(range(need)))
         elif batch.num_groups < need and self.cfg.dynamic_sampling and not self.warned_short:
             self.warned_short = True
-            print(f"[rlvr] dynamic sampling: only {batch.num_groups} of {need} groups had reward spread after "
+            self.warn(f"dynamic sampling: only {batch.num_groups} of {need} groups had reward spread after "
                   f"{self.cfg.max_generation_rounds} rounds; training on those. Raise dapo.max_generation_rounds "
                   "or dapo.oversample_factor, or use easier/harder prompts. (Shown once.)")
         self._m["dapo/effective_batch"] = float(batch.num_groups)

@@ -1,0 +1,118 @@
+"""Plain constructors of what the loop in train.py trains: tokenizer, model, optimizer, schedule.
+
+No registries: anyone copying the loop can swap one of these. What the run writes to its folder
+(header, metric sinks, phase timings) is in ``rlvr.diagnostics.sinks``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlvr import core
+from rlvr.config import AlgoConfig, Config, stale_sampler_problem
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_model_path(path: str) -> str:
+    if path == "tiny":
+        from rlvr.models import tiny_model_path
+
+        return str(tiny_model_path())
+    return path
+
+
+def load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(path))
+    if tok.pad_token is None:  # many base models ship without one; pad positions are masked anyway
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(cfg: Config, device: torch.device, trainable: bool = True) -> torch.nn.Module:
+    """A Hugging Face causal LM from a local folder, the shipped tiny model, or the hub."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(cfg.model.path)
+    kwargs: dict[str, Any] = {"dtype": _DTYPES[cfg.model.dtype], "trust_remote_code": cfg.model.trust_remote_code}
+    if cfg.model.attn_implementation:
+        kwargs["attn_implementation"] = cfg.model.attn_implementation
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except OSError as e:
+        raise OSError(
+            f"cannot load model {cfg.model.path!r}: {e}\nGive a local folder with config.json and weights, "
+            "'tiny' for the shipped model, or a hub id on a machine that can reach the hub."
+        ) from None
+    model.to(device)
+    if not trainable:
+        model.eval().requires_grad_(False)
+        return model
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    if cfg.model.lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        lc = cfg.model.lora
+        model = get_peft_model(model, LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout,
+                                                 target_modules=lc.target_modules, task_type="CAUSAL_LM"))
+    model.train()
+    return model
+
+
+def build_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
+    t = cfg.train
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
+                             eps=t.adam_epsilon, weight_decay=t.weight_decay)
+
+
+def build_scheduler(cfg: Config, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+    """Multiplier on the peak LR per optimizer step; a LambdaLR so its state is a plain step count."""
+    total, kind = cfg.train.max_steps, cfg.train.lr_scheduler_type
+    warmup = math.ceil(cfg.train.warmup_ratio * total)
+
+    def factor(step: int) -> float:
+        if kind != "constant" and step < warmup:
+            return (step + 1) / (warmup + 1)
+        progress = (step - warmup) / max(1, total - warmup)
+        if kind == "linear":
+            return max(0.0, 1.0 - progress)
+        if kind == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def build_loss_settings(algo: AlgoConfig) -> core.LossSettings:
+    """The config's loss choices as ``rlvr.core``'s plain settings (core takes no config objects)."""
+    return core.LossSettings(
+        loss_type=algo.loss_type, beta=algo.beta, epsilon=algo.epsilon, epsilon_high=algo.epsilon_high,
+        delta=algo.delta, importance_sampling_level=algo.importance_sampling_level, kl_estimator=algo.kl_estimator,
+        kl_bias_correction=algo.use_bias_correction_kl, sapo_temperature_pos=algo.sapo_temperature_pos,
+        sapo_temperature_neg=algo.sapo_temperature_neg, top_entropy_quantile=algo.top_entropy_quantile)
+
+
+def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, run_dir: Path) -> Any:
+    """The rollout engine of ``rollout.backend``; refuses a stale sampler the config did not allow."""
+    from rlvr.rollout import engine_class, make_engine
+
+    options = dict(cfg.rollout.engine_options)
+    if "export_dir" in inspect.signature(engine_class(cfg.rollout.backend, options)).parameters:
+        options.setdefault("export_dir", str(run_dir / "policy-exports"))  # a reloading server's policy exports
+        Path(options["export_dir"]).mkdir(parents=True, exist_ok=True)
+    engine = make_engine(cfg.rollout.backend, model, tokenizer, **options)
+    stale = stale_sampler_problem(cfg.rollout.backend, options, cfg.rollout.allow_stale_sampler,
+                                  receives_weights=engine.receives_weights)  # options may have changed it
+    if stale:
+        raise ValueError(stale)
+    return engine
