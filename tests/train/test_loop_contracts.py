@@ -98,13 +98,13 @@ class _DropLogprobs:
 def test_completions_without_sampler_logprobs_do_not_break_the_loop(monkeypatch, tiny_model_dir, sum_dataset,
                                                                      tmp_path, every):
     wrapped = []
-    real_make = train_mod.make_engine
+    real_build = train_mod.build_engine
 
-    def make_engine(*args, **kwargs):
-        wrapped.append(_DropLogprobs(real_make(*args, **kwargs), every))
+    def build_engine(*args, **kwargs):
+        wrapped.append(_DropLogprobs(real_build(*args, **kwargs), every))
         return wrapped[-1]
 
-    monkeypatch.setattr(train_mod, "make_engine", make_engine)
+    monkeypatch.setattr(train_mod, "build_engine", build_engine)
     out = tmp_path / "run"
     # per_device_train_batch_size = the whole generation batch: one micro-batch, so mismatch/tokens is the
     # count over the whole batch and can be compared with what the engine kept.
