@@ -4,15 +4,31 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 import typer
 
 from rlvr.config import ConfigError, describe_options, dump_config, load_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Reinforcement learning from verifiable rewards: GRPO, DAPO, Dr. GRPO, GSPO, CISPO, SAPO.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        import rlvr
+
+        typer.echo(f"rlvr {rlvr.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
+                                       help="Print rlvr's version and exit.")) -> None:
+    """Reinforcement learning from verifiable rewards: GRPO, DAPO, Dr. GRPO, GSPO, CISPO, SAPO."""
 
 
 def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
@@ -25,6 +41,25 @@ def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
 def _fail(msg: str, code: int = 2) -> None:
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(code)
+
+
+@contextmanager
+def _expected_failures() -> Iterator[None]:
+    """Every failure a user's input can cause ends in one `error:` line (rlvr.errors); RLVR_DEBUG=1 or
+    --debug shows the traceback instead."""
+    from rlvr.errors import UserError, debug_enabled, expected_errors, one_line
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        typer.echo("\ninterrupted; resume with the same command plus resume=true", err=True)
+        raise typer.Exit(130)
+    except expected_errors() as e:
+        if "--debug" in sys.argv or debug_enabled():
+            raise
+        # Our own errors say everything; a library's message may need the traceback behind it.
+        hint = "" if isinstance(e, (UserError, ConfigError)) else "\n(set RLVR_DEBUG=1 for the full traceback)"
+        _fail(one_line(e) + hint, code=getattr(e, "code", 1))
 
 
 TRAIN_HELP = (
@@ -43,17 +78,10 @@ def train_cmd(args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yam
         cfg = load_config(path, overrides)
     except ConfigError as e:
         _fail(str(e))
-    from rlvr.train import train
+    with _expected_failures():
+        from rlvr.train import train
 
-    try:
         train(cfg)
-    except KeyboardInterrupt:
-        typer.echo("\ninterrupted; resume with the same command plus resume=true", err=True)
-        raise typer.Exit(130)
-    except (ValueError, OSError, TypeError) as e:
-        if "--debug" in sys.argv or __import__("os").environ.get("RLVR_DEBUG"):
-            raise
-        _fail(f"{e}\n(set RLVR_DEBUG=1 for the full traceback)", code=1)
 
 
 @app.command("config")
@@ -85,20 +113,23 @@ def eval_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Greedy accuracy, pass@k at a temperature, mean length and truncation rate."""
-    from rlvr.evaluate import evaluate
-    from rlvr.eval_cli import resolve_eval
+    from rlvr.preflight import check_model_ref, quiet_libraries
 
-    try:
+    with _expected_failures():
+        if not (Path(model) / "config.yaml").is_file():  # a run folder is resolved to RUN/final below
+            check_model_ref(model, what="rlvr eval")  # before torch is imported: a typo fails in a second
+        quiet_libraries()
+        from rlvr.evaluate import evaluate
+        from rlvr.eval_cli import resolve_eval
+
         setup = resolve_eval(model, task, data, reward, n_prompts, max_tokens, backend)
-    except (ConfigError, ValueError, OSError) as e:
-        _fail(str(e))
-    out = {"greedy": evaluate(setup.engine, setup.tokenizer, setup.rows, setup.reward_fns,
-                              max_tokens=setup.max_tokens, stop=setup.stop)}
-    if samples > 0:
-        ks = tuple(k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples)
-        out["sampled"] = evaluate(setup.engine, setup.tokenizer, setup.rows, setup.reward_fns,
-                                  max_tokens=setup.max_tokens, n=samples, temperature=temperature, ks=ks,
-                                  stop=setup.stop)
+        out = {"greedy": evaluate(setup.engine, setup.tokenizer, setup.rows, setup.reward_fns,
+                                  max_tokens=setup.max_tokens, stop=setup.stop)}
+        if samples > 0:
+            ks = tuple(k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples)
+            out["sampled"] = evaluate(setup.engine, setup.tokenizer, setup.rows, setup.reward_fns,
+                                      max_tokens=setup.max_tokens, n=samples, temperature=temperature, ks=ks,
+                                      stop=setup.stop)
     out["model"], out["prompts"] = setup.model_path, len(setup.rows)
     if as_json:
         typer.echo(json.dumps(out, indent=2))

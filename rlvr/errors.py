@@ -39,11 +39,11 @@ def is_disk_full(err: BaseException) -> bool:
 def expected_errors() -> tuple[type[BaseException], ...]:
     """The exception classes a user's input can cause, shown as one line by the command line."""
     from rlvr.config import ConfigError
-    from rlvr.scoring import RewardFunctionError
 
-    # ValueError/OSError/TypeError/KeyError: raised with a message for the user by the loaders,
+    # UserError covers rlvr's own (reward functions breaking their contract among them);
+    # ValueError/OSError/TypeError/KeyError are raised with a message for the user by the loaders,
     # data readers and checkpoint code (a bad file, a wrong model, a mismatched checkpoint).
-    return (UserError, ConfigError, RewardFunctionError, ValueError, OSError, TypeError, KeyError)
+    return (UserError, ConfigError, ValueError, OSError, TypeError, KeyError)
 
 
 def one_line(err: BaseException) -> str:
