@@ -89,7 +89,14 @@ class DataConfig(_Section):
     chat: bool = Field(False, description="Send plain-text prompts as a user chat message (chat template applied).")
     prompt_column: str = Field("prompt", description="Column that holds the prompt (text or chat messages).")
     answer_column: str | None = Field(None, description="Column holding the gold answer, renamed to 'answer'.")
-    eval_path: str | None = Field(None, description="Held-out prompts for evaluation (same formats as `path`).")
+    eval_path: str | None = Field(
+        None, description="Held-out prompts for evaluation (same formats as `path`). Unset with `path` set: "
+        "`eval_fraction` of the file is held out instead."
+    )
+    eval_fraction: float = Field(
+        0.1, ge=0.0, lt=1.0, description="Without `eval_path`: the fraction of `path`'s distinct prompts held out "
+        "for evaluation and never trained on (chosen by a stable hash of the prompt; 0 = train on every row)."
+    )
     eval_size: int = Field(200, ge=0, description="Number of held-out prompts evaluated (0 = no evaluation).")
     shuffle: bool = Field(True, description="Shuffle a file dataset each epoch (seeded by train.seed).")
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import errno
 import os
+from contextlib import contextmanager
+from typing import Iterator
 
 
 class UserError(Exception):
@@ -32,8 +34,32 @@ def disk_full_message(err: OSError, where: str) -> str:
             "when complete, so the newest checkpoint is intact: free some space, then rerun with resume=true")
 
 
-def is_disk_full(err: BaseException) -> bool:
-    return isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+def is_disk_full(err: BaseException, folder: str | os.PathLike | None = None) -> bool:
+    """ENOSPC/EDQUOT, or a writer's own error (torch's "file write failed" is a RuntimeError without an
+    errno) while the folder's file system has no room left."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if "No space left on device" in str(err):
+        return True
+    if folder is not None and isinstance(err, (OSError, RuntimeError)):
+        import shutil
+
+        try:
+            return shutil.disk_usage(folder).free < 1 << 20
+        except OSError:
+            return False
+    return False
+
+
+@contextmanager
+def disk_full_names(target: str | os.PathLike) -> Iterator[None]:
+    """Re-raise a full disk while writing ``target`` as OSError(ENOSPC) that names it."""
+    try:
+        yield
+    except Exception as e:
+        if is_disk_full(e, os.path.dirname(os.fspath(target)) or "."):
+            raise OSError(errno.ENOSPC, "No space left on device", os.fspath(target)) from e
+        raise
 
 
 def expected_errors() -> tuple[type[BaseException], ...]:

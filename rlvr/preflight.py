@@ -128,49 +128,66 @@ def quiet_libraries() -> None:
         pass
 
 
-def check_data(cfg: Any) -> set[str] | None:
-    """Read the dataset files now (missing or malformed ones fail here); the training rows' columns."""
+def check_data(cfg: Any) -> list[dict]:
+    """Read the dataset files now (missing or malformed ones fail here); returns a few training rows."""
     from rlvr.data import _file_rows
 
-    columns: set[str] | None = None
+    sample: list[dict] = []
     for key in ("path", "eval_path"):
         path = getattr(cfg.data, key)
         if path is None:
             continue
         if not Path(path).expanduser().exists():
-            raise UserError(f"data.{key}: no dataset at {path!r} (relative paths start at {os.getcwd()}){_near(Path(path))}",
-                            code=2)
+            raise UserError(f"data.{key}: no dataset at {path!r} (relative paths start at {os.getcwd()})"
+                            f"{_near(Path(path))}", code=2)
         rows = _file_rows(cfg, path)
         if not rows:
             raise UserError(f"data.{key}: {path!r} has no rows", code=2)
         if key == "path":
-            columns = set(rows[0]) - {"prompt"}
+            sample = rows[:2]
     if cfg.data.path is None:
+        import itertools
+
         from rlvr.tasks import get_task
 
-        task = get_task(cfg.data.task, **cfg.data.task_options)
-        first = next(iter(task.train_rows(cfg.train.seed)))
-        columns = set(first) - {"prompt"}
-    return columns
+        sample = list(itertools.islice(get_task(cfg.data.task, **cfg.data.task_options).train_rows(cfg.train.seed), 2))
+    return sample
 
 
-def check_rewards(cfg: Any, columns: set[str] | None) -> None:
-    from rlvr.reward_refs import check_reward_function
-    from rlvr.scoring import load_reward_functions, reward_specs
+def check_rewards(cfg: Any, rows: list[dict]) -> list[Any]:
+    """Import and build every reward function, check its signature against the dataset's columns, and
+    call each of the user's own once on empty completions of two rows: a wrong-length or non-numeric
+    return fails now, not after the model loaded. (A function that raises on an empty completion is
+    not judged here: that can be legitimate.)"""
+    from rlvr.prompts import as_completion_payload
+    from rlvr.reward_refs import check_reward_function, is_reference
+    from rlvr.scoring import load_reward_functions, reward_specs, score
 
+    specs = reward_specs(cfg)
     try:
-        fns = load_reward_functions(reward_specs(cfg))
+        fns = load_reward_functions(specs)
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - a factory that rejects its options, an unknown name
         raise UserError(f"cannot build the reward functions: {type(e).__name__}: {e}", code=2) from None
-    for rf in fns:
+    columns = set(rows[0]) - {"prompt"} if rows else None
+    for (name, _, _), rf in zip(specs, fns):
         check_reward_function(rf.name, rf.fn, columns)
+        if rows and is_reference(name):
+            prompts = [r["prompt"] for r in rows]
+            cols = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
+            cols["truncated"] = [False] * len(rows)
+            score([rf], prompts, [as_completion_payload(p, "") for p in prompts], [[] for _ in rows], cols)
+    return fns
 
 
-def preflight(cfg: Any) -> None:
-    """Everything about a run that can be checked without loading the model."""
+def preflight(cfg: Any, console: Any = None) -> None:
+    """Everything about a run that can be checked without loading the model; says what evaluation uses."""
     quiet_libraries()
     check_model_ref(cfg.model.path)
-    columns = check_data(cfg)
-    check_rewards(cfg, columns)
+    fns = check_rewards(cfg, check_data(cfg))
+    if console is not None and cfg.data.path is not None:
+        from rlvr.data import describe_held_out
+        from rlvr.evaluate import correctness_rule
+
+        console.info(f"{describe_held_out(cfg)}; {correctness_rule(fns)}")

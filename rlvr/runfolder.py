@@ -214,9 +214,11 @@ def claim_run_folder(cfg: Any, console: Any = None, preflight: Any = None) -> It
                     f"{k} {a!r} -> {b!r}" for k, (a, b) in decided["changes"].items()))
         try:
             yield decided
-        except OSError as e:
-            if is_disk_full(e):
-                raise UserError(disk_full_message(e, str(folder))) from e
+        except UserError:
+            raise
+        except Exception as e:
+            if is_disk_full(e, folder):
+                raise UserError(disk_full_message(e, str(folder))) from e  # type: ignore[arg-type]
             raise
     except BaseException:
         if created and [p.name for p in folder.iterdir()] == [LOCK_NAME]:

@@ -153,6 +153,8 @@ def score(
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 try:
+                    if isinstance(v, (str, bytes)):  # "1.0" is a bug in the function, not a number
+                        raise TypeError
                     v = float(v)  # numpy / torch scalars
                 except (TypeError, ValueError):
                     raise RewardFunctionError(

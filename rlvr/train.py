@@ -378,7 +378,7 @@ def train(cfg: Config, console: Console | None = None, on_generation: Callable[[
     from rlvr.runfolder import claim_run_folder
 
     console = console or Console(enabled=cfg.log.progress and os.environ.get("RANK", "0") == "0")
-    with claim_run_folder(cfg, console, preflight=lambda: preflight(cfg)):
+    with claim_run_folder(cfg, console, preflight=lambda: preflight(cfg, console)):
         return _train(cfg, console, on_generation)
 
 
