@@ -46,8 +46,8 @@ _FIXED_AT_RESUME = {
     "model.lora.r": "the checkpoint's LoRA matrices have the old rank",
     "model.lora.target_modules": "the checkpoint's adapter covers the old modules",
 }
-# Keys that say how to start, not what the run is: never recorded as a change.
-_NOT_COMPARED = {"resume", "overwrite"}
+# Keys that say how to start or where the folder is, not what the run is: never recorded as a change.
+_NOT_COMPARED = {"resume", "overwrite", "log.output_dir"}  # the folder may have been moved
 
 
 def holds_run(folder: Path) -> bool:
