@@ -66,7 +66,9 @@ TRAIN_HELP = (
     "Train with GRPO-family RL. With no arguments: the shipped tiny model on the built-in arithmetic task, on CPU.\n\n"
     "ARGS: an optional YAML config (a path, or the name of a file in configs/) followed by key=value overrides; "
     "dotted keys set nested fields (algo.loss_type=gspo), bare TRL names are routed to their section "
-    "(loss_type=gspo).\n\nEvery option, with its default:\n\n"
+    "(loss_type=gspo); TRL names rlvr spells differently are translated (bf16=true, reward_weights=[...]).\n\n"
+    "The run folder (log.output_dir) must not hold another run: resume=true continues it, overwrite=true "
+    "replaces it. Errors are one line; RLVR_DEBUG=1 shows the traceback.\n\nEvery option, with its default:\n\n"
 )
 
 
@@ -130,11 +132,14 @@ def eval_cmd(
             out["sampled"] = evaluate(setup.engine, setup.tokenizer, setup.rows, setup.reward_fns,
                                       max_tokens=setup.max_tokens, n=samples, temperature=temperature, ks=ks,
                                       stop=setup.stop)
+    from rlvr.evaluate import correctness_rule
+
     out["model"], out["prompts"] = setup.model_path, len(setup.rows)
+    out["correctness"] = correctness_rule(setup.reward_fns)
     if as_json:
         typer.echo(json.dumps(out, indent=2))
         return
-    typer.echo(f"model {setup.model_path} on {len(setup.rows)} held-out prompts")
+    typer.echo(f"model {setup.model_path} on {len(setup.rows)} held-out prompts; {out['correctness']}")
     for kind, res in out.items():
         if isinstance(res, dict):
             typer.echo(f"  {kind}: " + "  ".join(f"{k}={v:.4g}" for k, v in res.items()))

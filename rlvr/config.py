@@ -267,7 +267,8 @@ class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     rewards: list[RewardSpec] = Field(
-        default_factory=list, description="Reward functions; empty = the built-in task's default rewards."
+        default_factory=list, description="Reward functions; empty = the built-in task's default rewards. Short "
+        "forms: [math, myrewards:exact, path/to/file.py:fn] (weight 1 each); long: [{name: math, weight: 0.5}]."
     )
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
