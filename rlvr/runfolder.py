@@ -268,3 +268,18 @@ def _free_sibling(folder: Path) -> str:
     while (folder.parent / f"{folder.name}-{i}").exists():
         i += 1
     return str(folder.parent / f"{folder.name}-{i}")
+
+
+def truncate_jsonl(path: Path, step: int) -> None:
+    """Keep the lines of a JSONL log up to ``step``: what a resumed run has not redone. A line that does
+    not parse (cut short by a full disk or a kill mid-write) is dropped, not a reason to fail."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    path.write_text("".join(line + "\n" for line in kept))

@@ -332,9 +332,9 @@ def save(run: Run) -> Path:
 
 
 def _truncate_log(path: Path, step: int) -> None:
-    if path.exists():
-        lines = [ln for ln in path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-        path.write_text("".join(ln + "\n" for ln in lines))
+    from rlvr.runfolder import truncate_jsonl
+
+    truncate_jsonl(path, step)
 
 
 def maybe_resume(run: Run) -> None:

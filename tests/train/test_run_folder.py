@@ -148,3 +148,14 @@ def test_a_lora_run_resumed_without_lora_names_the_fix(tiny_model_dir, sum_datas
 def test_resume_and_overwrite_together_are_a_config_error():
     res = runner.invoke(app, ["train", "resume=true", "overwrite=true"])
     assert res.exit_code == 2 and "resume and overwrite exclude each other" in res.output
+
+
+def test_a_log_line_cut_short_does_not_stop_a_resume(tmp_path):
+    from rlvr.runfolder import truncate_jsonl
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n{"step": 3, "lo')  # a full disk mid-line
+    truncate_jsonl(log, 2)
+    assert [m["step"] for m in read_jsonl(log)] == [1, 2]
+    truncate_jsonl(log, 1)
+    assert log.read_text() == '{"step": 1, "loss": 0.5}\n'
