@@ -47,7 +47,7 @@ def _fail(msg: str, code: int = 2) -> None:
 def _expected_failures() -> Iterator[None]:
     """Every failure a user's input can cause ends in one `error:` line (rlvr.errors); RLVR_DEBUG=1 or
     --debug shows the traceback instead."""
-    from rlvr.errors import UserError, debug_enabled, expected_errors, one_line
+    from rlvr.errors import debug_enabled, expected_errors, one_line
 
     try:
         yield
@@ -57,9 +57,7 @@ def _expected_failures() -> Iterator[None]:
     except expected_errors() as e:
         if "--debug" in sys.argv or debug_enabled():
             raise
-        # Our own errors say everything; a library's message may need the traceback behind it.
-        hint = "" if isinstance(e, (UserError, ConfigError)) else "\n(set RLVR_DEBUG=1 for the full traceback)"
-        _fail(one_line(e) + hint, code=getattr(e, "code", 1))
+        _fail(one_line(e), code=getattr(e, "code", 1))  # `rlvr train --help` and the README name RLVR_DEBUG
 
 
 TRAIN_HELP = (

@@ -133,3 +133,13 @@ def test_rlvr_debug_shows_the_traceback(monkeypatch, tiny_model_dir, sum_dataset
     monkeypatch.setenv("RLVR_DEBUG", "1")
     res = runner.invoke(app, ["train", *over, f"rewards=[{tmp_path / 'r.py'}:too_few]"])
     assert res.exit_code != 0 and isinstance(res.exception, RewardFunctionError)
+
+
+def test_a_malformed_dataset_is_one_line_before_the_model_loads(no_model_load, tiny_model_dir, tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": \n')
+    res = runner.invoke(app, ["train", *smoke_overrides(tiny_model_dir, data, tmp_path / "run")])
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 1 and len(lines) == 1, res.output
+    assert lines[0].startswith("error: ") and "bad.jsonl:2: not valid JSON" in lines[0]
+    assert not (tmp_path / "run").exists()
