@@ -44,7 +44,7 @@ def _fail(msg: str, code: int = 2) -> None:
 
 
 @contextmanager
-def _expected_failures() -> Iterator[None]:
+def _expected_failures(on_interrupt: str = "interrupted") -> Iterator[None]:
     """Every failure a user's input can cause ends in one `error:` line (rlvr.errors); RLVR_DEBUG=1 or
     --debug shows the traceback instead."""
     from rlvr.errors import debug_enabled, expected_errors, one_line
@@ -52,7 +52,7 @@ def _expected_failures() -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        typer.echo("\ninterrupted; resume with the same command plus resume=true", err=True)
+        typer.echo(f"\n{on_interrupt}", err=True)
         raise typer.Exit(130)
     except expected_errors() as e:
         if "--debug" in sys.argv or debug_enabled():
@@ -78,7 +78,7 @@ def train_cmd(args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yam
         cfg = load_config(path, overrides)
     except ConfigError as e:
         _fail(str(e))
-    with _expected_failures():
+    with _expected_failures("interrupted; resume with the same command plus resume=true"):
         from rlvr.train import train
 
         train(cfg)
