@@ -102,8 +102,8 @@ class DataConfig(_Section):
 
 
 class RewardSpec(_Section):
-    name: str = Field(description="A built-in reward (REWARDS registry), 'module:function' (the working directory "
-                      "is searched first) or 'path/to/file.py:function'.")
+    name: str = Field(description="A built-in reward (REWARDS registry), 'module:function' (a module in the working "
+                      "directory is found too) or 'path/to/file.py:function'.")
     weight: float = Field(1.0, description="Weight in the weighted sum of rewards (TRL's reward_weights).")
     options: dict[str, Any] = Field(default_factory=dict, description="Keyword options for a built-in reward.")
 

@@ -3,7 +3,7 @@
 A reward is named by
 
 - a built-in name (``math``, ``format``, ...: the ``REWARDS`` registry);
-- ``module:function``: an importable module. The working directory is searched first, as ``python``
+- ``module:function``: an importable module. The working directory is searched too, as ``python``
   does for a script, so ``myrewards:exact`` finds ``./myrewards.py`` with no ``PYTHONPATH``;
 - ``path/to/file.py:function``: a file, absolute or relative to the working directory.
 
@@ -88,27 +88,26 @@ def _import_file(where: str, name: str) -> Any:
         raise RewardReferenceError(f"reward {name!r}: {str(path)!r} is not a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
-    # The file's own folder is importable, as for a script: its helper modules are found.
+    # The file's own folder is importable, as for a script: its helper modules are found, now and when
+    # a function imports one at call time (appended, so it never shadows an installed package).
     folder = str(path.resolve().parent)
-    added = folder not in sys.path
-    if added:
-        sys.path.insert(0, folder)
+    if folder not in sys.path:
+        sys.path.append(folder)
     try:
         spec.loader.exec_module(module)
     except Exception as e:  # noqa: BLE001 - the user's module failed at import: say where
         del sys.modules[mod_name]
         raise RewardReferenceError(f"reward {name!r}: importing {str(path)!r} raised {type(e).__name__}: {e}") from e
-    finally:
-        if added:
-            sys.path.remove(folder)
     return module
 
 
 def _import_module(where: str, name: str) -> Any:
     cwd = os.getcwd()
-    added = cwd not in sys.path and "" not in sys.path
-    if added:  # `python script.py` and `python -m` search the working directory; the console script does not
-        sys.path.insert(0, cwd)
+    # `python script.py` and `python -m` search the working directory; the `rlvr` console script does not.
+    # It is appended (not put first) and kept: a local file never shadows an installed package, and
+    # the module's own later imports of its neighbours still work.
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
     try:
         return importlib.import_module(where)
     except ModuleNotFoundError as e:
@@ -119,9 +118,6 @@ def _import_module(where: str, name: str) -> Any:
         raise RewardReferenceError(f"reward {name!r}: importing {where!r} failed: {e}") from e
     except Exception as e:  # noqa: BLE001
         raise RewardReferenceError(f"reward {name!r}: importing {where!r} raised {type(e).__name__}: {e}") from e
-    finally:
-        if added and cwd in sys.path:
-            sys.path.remove(cwd)
 
 
 def import_reward(name: str) -> Callable:

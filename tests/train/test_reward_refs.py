@@ -143,3 +143,14 @@ def test_a_malformed_dataset_is_one_line_before_the_model_loads(no_model_load, t
     assert res.exit_code == 1 and len(lines) == 1, res.output
     assert lines[0].startswith("error: ") and "bad.jsonl:2: not valid JSON" in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_reward_file_imports_its_neighbours_at_call_time(tmp_path):
+    folder = tmp_path / "task"
+    folder.mkdir()
+    (folder / "grading_helpers_i19.py").write_text("def grade(c):\n    return float(c == 'ok')\n")
+    (folder / "graded.py").write_text("def reward(prompts, completions, **kw):\n"
+                                      "    from grading_helpers_i19 import grade\n"
+                                      "    return [grade(c) for c in completions]\n")
+    fn = import_reward(f"{folder / 'graded.py'}:reward")
+    assert fn(prompts=["p", "q"], completions=["ok", "no"]) == [1.0, 0.0]
