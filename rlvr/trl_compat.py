@@ -35,6 +35,9 @@ TRANSLATED: dict[str, str] = {
     "vllm_importance_sampling_clip_min": "algo.sampler_importance_sampling_clip_min",
     "vllm_importance_sampling_cap": "algo.sampler_importance_sampling_clip_max (TRL's deprecated name)",
     "shuffle_dataset": "data.shuffle",
+    "warmup_steps": "train.warmup_ratio when below 1 (transformers reads such a value as a ratio); a step count is "
+                    "refused with the ratio to set",
+    "resume_from_checkpoint": "resume (true, or a checkpoint folder)",
 }
 
 REFUSED: dict[str, str] = {
@@ -112,6 +115,18 @@ def translate(tree: dict) -> tuple[dict, list[str]]:
     for key in [k for k in popped if k.startswith("vllm_importance_sampling_")]:
         target = "clip_max" if key.endswith("_cap") else key.removeprefix("vllm_importance_sampling_")
         _set(tree, f"algo.sampler_importance_sampling_{target}", popped[key], key, problems)
+    if "warmup_steps" in popped:
+        w = popped["warmup_steps"]
+        if isinstance(w, (int, float)) and not isinstance(w, bool) and 0 <= w < 1:
+            _set(tree, "train.warmup_ratio", float(w), "warmup_steps", problems)
+        else:
+            problems.append(f"warmup_steps={w!r}: rlvr sets warmup as a fraction of train.max_steps; set "
+                            "train.warmup_ratio=warmup_steps/max_steps (e.g. 6 of 60 steps: 0.1)")
+    if "resume_from_checkpoint" in popped and popped["resume_from_checkpoint"] not in (None, False):
+        if "resume" in tree and tree["resume"] != popped["resume_from_checkpoint"]:
+            problems.append("resume_from_checkpoint and resume are both given; keep resume")
+        else:
+            tree["resume"] = popped["resume_from_checkpoint"]
     if "shuffle_dataset" in popped:
         _set(tree, "data.shuffle", popped["shuffle_dataset"], "shuffle_dataset", problems)
     if "log_completions" in popped and _bool("log_completions", popped["log_completions"], problems) is False:
@@ -120,7 +135,42 @@ def translate(tree: dict) -> tuple[dict, list[str]]:
         _translate_generation_batch(tree, popped["generation_batch_size"], problems)
     if "reward_weights" in popped:
         _translate_weights(tree, popped["reward_weights"], problems)
+    _name_training_arguments(tree, problems)
     return tree, problems
+
+
+# transformers 5's TrainingArguments fields that rlvr has no option for (a GRPOConfig inherits them all).
+TRAINING_ARGUMENTS_UNSUPPORTED = frozenset((
+    'accelerator_config', 'activation_checkpointing', 'activation_checkpointing_kwargs', 'auto_find_batch_size',
+    'average_tokens_across_devices', 'batch_eval_metrics', 'bf16_full_eval', 'data_seed',
+    'dataloader_drop_last', 'dataloader_in_order', 'dataloader_multiprocessing_context',
+    'dataloader_num_workers', 'dataloader_persistent_workers', 'dataloader_pin_memory',
+    'dataloader_prefetch_factor', 'ddp_backend', 'ddp_broadcast_buffers', 'ddp_bucket_cap_mb',
+    'ddp_find_unused_parameters', 'ddp_static_graph', 'ddp_timeout', 'debug', 'deepspeed', 'disable_tqdm',
+    'do_eval', 'do_predict', 'do_train', 'enable_jit_checkpoint', 'eval_accumulation_steps', 'eval_delay',
+    'eval_do_concat_batches', 'eval_on_start', 'eval_strategy', 'eval_use_gather_object', 'fp16_full_eval',
+    'fsdp', 'fsdp_config', 'full_determinism', 'gradient_checkpointing_kwargs', 'greater_is_better',
+    'hub_always_push', 'hub_model_id', 'hub_private_repo', 'hub_revision', 'hub_strategy', 'hub_token',
+    'ignore_data_skip', 'include_for_metrics', 'include_num_input_tokens_seen', 'label_names',
+    'label_smoothing_factor', 'length_column_name', 'liger_kernel_config', 'load_best_model_at_end',
+    'local_rank', 'log_level', 'log_level_replica', 'log_on_each_node', 'logging_first_step',
+    'logging_nan_inf_filter', 'logging_strategy', 'lr_scheduler_kwargs', 'metric_for_best_model',
+    'neftune_noise_alpha', 'optim', 'optim_args', 'optim_target_modules', 'parallelism_config',
+    'per_device_eval_batch_size', 'prediction_loss_only', 'project', 'push_to_hub', 'remove_unused_columns',
+    'restore_callback_states_from_checkpoint', 'save_on_each_node', 'save_only_model', 'save_strategy',
+    'skip_memory_metrics', 'tf32', 'torch_compile', 'torch_compile_backend', 'torch_compile_mode',
+    'torch_empty_cache_steps', 'trackio_bucket_id', 'trackio_space_id', 'trackio_static_space_id',
+    'train_sampling_strategy', 'use_cache', 'use_cpu', 'use_liger_kernel'
+))
+
+
+def _name_training_arguments(tree: dict, problems: list[str]) -> None:
+    """A transformers TrainingArguments name rlvr lacks (optim, push_to_hub, ...) is named as such, rather
+    than reported as an unknown key with a far-fetched suggestion."""
+    for k in [k for k in tree if k in TRAINING_ARGUMENTS_UNSUPPORTED]:
+        tree.pop(k)
+        problems.append(f"{k} (a transformers TrainingArguments option) has no rlvr equivalent; remove it "
+                        "(`rlvr train --help` lists every option)")
 
 
 def _translate_vllm(tree: dict, popped: dict, problems: list[str]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.config import ConfigError, _section_fields, load_config
-from rlvr.trl_compat import REFUSED, TRANSLATED, UNSUPPORTED
+from rlvr.trl_compat import REFUSED, TRAINING_ARGUMENTS_UNSUPPORTED, TRANSLATED, UNSUPPORTED
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -34,6 +34,8 @@ def test_trl_values_translate_to_rlvr_options():
     assert load_config(None, ["scale_rewards=false"]).algo.scale_rewards == "none"
     assert load_config(None, ["log_completions=false"]).log.samples_per_class == 0
     assert load_config(None, ["log_completions=true"]).log.samples_per_class == 2
+    assert load_config(None, ["warmup_steps=0.1"]).train.warmup_ratio == 0.1  # < 1: a ratio, as in transformers
+    assert load_config(None, ["resume_from_checkpoint=true"]).resume is True
     cfg = load_config(None, ["vllm_importance_sampling_mode=token_mask", "vllm_importance_sampling_cap=2.0"])
     assert cfg.algo.sampler_importance_sampling_mode == "token_mask"
     assert cfg.algo.sampler_importance_sampling_clip_max == 2.0
@@ -56,6 +58,8 @@ def test_trl_names_in_a_yaml_file(tmp_path):
     ("vllm_mode=server", "only with use_vllm=true"),
     ("sync_ref_model=true", "has no rlvr equivalent"),
     ("vllm_server_port=8000", "rollout.engine_options"),
+    ("optim=sgd", "optim (a transformers TrainingArguments option) has no rlvr equivalent"),
+    ("warmup_steps=6", "set train.warmup_ratio=warmup_steps/max_steps"),
 ])
 def test_refused_trl_names_say_what_to_set(override, message):
     with pytest.raises(ConfigError) as e:
@@ -74,10 +78,13 @@ def test_every_grpo_config_field_is_an_option_translated_or_refused():
     loose = [n for n in own if n not in rlvr_names and n not in TRANSLATED and n not in REFUSED
              and n not in UNSUPPORTED]
     assert not loose, f"GRPOConfig fields rlvr neither has, translates nor refuses: {loose}"
-    # The TrainingArguments names a TRL user sets for GRPO are options or translated.
+    # Every TrainingArguments field (a GRPOConfig inherits them) is named too.
+    loose = [n for n in base if not n.startswith("_") and n not in rlvr_names and n not in TRANSLATED
+             and n not in REFUSED and n not in TRAINING_ARGUMENTS_UNSUPPORTED]
+    assert not loose, f"TrainingArguments fields rlvr neither has, translates nor refuses: {loose}"
     for name in ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps",
-                 "logging_steps", "save_steps", "output_dir", "seed", "bf16", "num_train_epochs", "run_name"):
-        assert name in rlvr_names or name in TRANSLATED or name in REFUSED, name
+                 "logging_steps", "save_steps", "output_dir", "seed"):
+        assert name in rlvr_names, name
 
 
 def test_readme_table_names_exactly_what_is_kept():
