@@ -57,18 +57,16 @@ def test_eval_of_something_that_is_no_model_is_one_line(no_network, tmp_path, mo
     assert message in one_error_line(res)
 
 
-def test_a_hub_id_offline_is_refused_without_the_network(no_network, monkeypatch, tmp_path):
+def test_a_hub_id_offline_is_refused_without_the_network(no_network, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # an empty cache
     with pytest.raises(UserError, match="not in the Hugging Face cache \\(HF_HUB_OFFLINE is set"):
         check_model_ref("nonexistent_dir")
 
 
-def test_a_hub_lookup_that_fails_is_one_line(monkeypatch, tmp_path):
+def test_a_hub_lookup_that_fails_is_one_line(monkeypatch):
     import huggingface_hub
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     calls = []
 
     def unreachable(self, repo_id, timeout=None, **k):
@@ -77,7 +75,7 @@ def test_a_hub_lookup_that_fails_is_one_line(monkeypatch, tmp_path):
 
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", unreachable)
     with pytest.raises(UserError, match="the Hugging Face hub could not be asked"):
-        check_model_ref("some-org/some-model")
+        check_model_ref("some-org/some-model-not-cached")
     assert calls == [10]  # one request, with a timeout: no retries
 
 
