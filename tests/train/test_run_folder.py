@@ -104,12 +104,14 @@ def test_a_folder_in_use_is_refused_and_a_dead_owner_does_not_block(tiny_model_d
 
 def test_resume_records_the_changed_config_and_continues(tiny_model_dir, run_copy):
     data, run = run_copy
+    # A new group size works on the saved state (optimizer, data position, DAPO and monitor histories).
     res = runner.invoke(app, args(tiny_model_dir, data, run, "resume=true", "train.max_steps=3",
-                                  "train.learning_rate=0.005"))
+                                  "train.learning_rate=0.005", "rollout.num_generations=2"))
     assert res.exit_code == 0, res.output
     history = read_jsonl(run / "config-history.jsonl")
     assert len(history) == 1 and history[0]["step"] == 2
-    assert history[0]["changed"] == {"train.learning_rate": [0.01, 0.005], "train.max_steps": [2, 3]}
+    assert history[0]["changed"] == {"rollout.num_generations": [4, 2], "train.learning_rate": [0.01, 0.005],
+                                     "train.max_steps": [2, 3]}
     assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]
 
 
