@@ -63,7 +63,22 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(
+def save_checkpoint(ckpt_root: Path, step: int, *args: Any, rank: int = 0, **kwargs: Any) -> Path:
+    """Write a checkpoint (see `_save_checkpoint`). A full disk leaves no partial folder behind (the
+    temporary one is removed, freeing its space) and is raised as ENOSPC naming the checkpoint."""
+    from rlvr.errors import disk_full_names
+
+    tmp = ckpt_root / f".tmp-step-{step:06d}"
+    try:
+        with disk_full_names(tmp):
+            return _save_checkpoint(ckpt_root, step, *args, rank=rank, **kwargs)
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _save_checkpoint(
     ckpt_root: Path,
     step: int,
     model: torch.nn.Module,

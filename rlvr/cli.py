@@ -4,15 +4,31 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 import typer
 
 from rlvr.config import ConfigError, describe_options, dump_config, load_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Reinforcement learning from verifiable rewards: GRPO, DAPO, Dr. GRPO, GSPO, CISPO, SAPO.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        import rlvr
+
+        typer.echo(f"rlvr {rlvr.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
+                                       help="Print rlvr's version and exit.")) -> None:
+    """Reinforcement learning from verifiable rewards: GRPO, DAPO, Dr. GRPO, GSPO, CISPO, SAPO."""
 
 
 def _split_args(args: list[str]) -> tuple[str | None, list[str]]:
@@ -27,11 +43,30 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+@contextmanager
+def _expected_failures(on_interrupt: str = "interrupted") -> Iterator[None]:
+    """Every failure a user's input can cause ends in one `error:` line (rlvr.errors); RLVR_DEBUG=1 or
+    --debug shows the traceback instead."""
+    from rlvr.errors import debug_enabled, expected_errors, one_line
+
+    try:
+        yield
+    except KeyboardInterrupt:
+        typer.echo(f"\n{on_interrupt}", err=True)
+        raise typer.Exit(130)
+    except expected_errors() as e:
+        if "--debug" in sys.argv or debug_enabled():
+            raise
+        _fail(one_line(e), code=getattr(e, "code", 1))  # `rlvr train --help` and the README name RLVR_DEBUG
+
+
 TRAIN_HELP = (
     "Train with GRPO-family RL. With no arguments: the shipped tiny model on the built-in arithmetic task, on CPU.\n\n"
     "ARGS: an optional YAML config (a path, or the name of a ready config in rlvr/configs/, e.g. dapo_math) followed by key=value overrides; "
     "dotted keys set nested fields (algo.loss_type=gspo), bare TRL names are routed to their section "
-    "(loss_type=gspo).\n\nEvery option, with its default:\n\n"
+    "(loss_type=gspo); TRL names rlvr spells differently are translated (bf16=true, reward_weights=[...]).\n\n"
+    "The run folder (log.output_dir) must not hold another run: resume=true continues it, overwrite=true "
+    "replaces it. Errors are one line; RLVR_DEBUG=1 shows the traceback.\n\nEvery option, with its default:\n\n"
 )
 
 
@@ -43,17 +78,10 @@ def train_cmd(args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yam
         cfg = load_config(path, overrides)
     except ConfigError as e:
         _fail(str(e))
-    from rlvr.train import train
+    with _expected_failures("interrupted; resume with the same command plus resume=true"):
+        from rlvr.train import train
 
-    try:
         train(cfg)
-    except KeyboardInterrupt:
-        typer.echo("\ninterrupted; resume with the same command plus resume=true", err=True)
-        raise typer.Exit(130)
-    except (ValueError, OSError, TypeError) as e:
-        if "--debug" in sys.argv or __import__("os").environ.get("RLVR_DEBUG"):
-            raise
-        _fail(f"{e}\n(set RLVR_DEBUG=1 for the full traceback)", code=1)
 
 
 @app.command("config")
@@ -85,24 +113,30 @@ def eval_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Greedy accuracy, pass@k at a temperature, mean length and truncation rate."""
-    from rlvr.evaluate import evaluate, resolve_eval
+    from rlvr.preflight import check_model_ref, quiet_libraries
 
-    try:
+    with _expected_failures():
+        if not (Path(model) / "config.yaml").is_file():  # a run folder is resolved to RUN/final below
+            check_model_ref(model, what="rlvr eval")  # before torch is imported: a typo fails in a second
+        quiet_libraries()
+        from rlvr.evaluate import evaluate, resolve_eval
+
         setup = resolve_eval(model, task, data, reward, n_prompts, max_tokens, backend)
-    except (ConfigError, ValueError, OSError) as e:
-        _fail(str(e))
-    out = {"greedy": evaluate(setup.engine, setup.tokenizer, setup.rows, setup.reward_fns,
-                              max_tokens=setup.max_tokens, stop=setup.stop)}
-    if samples > 0:
-        ks = tuple(k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples)
-        out["sampled"] = evaluate(setup.engine, setup.tokenizer, setup.rows, setup.reward_fns,
-                                  max_tokens=setup.max_tokens, n=samples, temperature=temperature, ks=ks,
-                                  stop=setup.stop)
+        out = {"greedy": evaluate(setup.engine, setup.tokenizer, setup.rows, setup.reward_fns,
+                                  max_tokens=setup.max_tokens, stop=setup.stop)}
+        if samples > 0:
+            ks = tuple(k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples)
+            out["sampled"] = evaluate(setup.engine, setup.tokenizer, setup.rows, setup.reward_fns,
+                                      max_tokens=setup.max_tokens, n=samples, temperature=temperature, ks=ks,
+                                      stop=setup.stop)
+    from rlvr.evaluate import correctness_rule
+
     out["model"], out["prompts"] = setup.model_path, len(setup.rows)
+    out["correctness"] = correctness_rule(setup.reward_fns)
     if as_json:
         typer.echo(json.dumps(out, indent=2))
         return
-    typer.echo(f"model {setup.model_path} on {len(setup.rows)} held-out prompts")
+    typer.echo(f"model {setup.model_path} on {len(setup.rows)} held-out prompts; {out['correctness']}")
     for kind, res in out.items():
         if isinstance(res, dict):
             typer.echo(f"  {kind}: " + "  ".join(f"{k}={v:.4g}" for k, v in res.items()))

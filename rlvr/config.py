@@ -104,13 +104,21 @@ class DataConfig(_Section):
     chat: bool = Field(False, description="Send plain-text prompts as a user chat message (chat template applied).")
     prompt_column: str = Field("prompt", description="Column that holds the prompt (text or chat messages).")
     answer_column: str | None = Field(None, description="Column holding the gold answer, renamed to 'answer'.")
-    eval_path: str | None = Field(None, description="Held-out prompts for evaluation (same formats as `path`).")
+    eval_path: str | None = Field(
+        None, description="Held-out prompts for evaluation (same formats as `path`). Unset with `path` set: "
+        "`eval_fraction` of the file is held out instead."
+    )
+    eval_fraction: float = Field(
+        0.1, ge=0.0, lt=1.0, description="Without `eval_path`: the fraction of `path`'s distinct prompts held out "
+        "for evaluation and never trained on (chosen by a stable hash of the prompt; 0 = train on every row)."
+    )
     eval_size: int = Field(200, ge=0, description="Number of held-out prompts evaluated (0 = no evaluation).")
     shuffle: bool = Field(True, description="Shuffle a file dataset each epoch (seeded by train.seed).")
 
 
 class RewardSpec(_Section):
-    name: str = Field(description="A built-in reward (REWARDS registry) or a dotted import path 'pkg.mod:fn'.")
+    name: str = Field(description="A built-in reward (REWARDS registry), 'module:function' (a module in the working "
+                      "directory is found too) or 'path/to/file.py:function'.")
     weight: float = Field(1.0, description="Weight in the weighted sum of rewards (TRL's reward_weights).")
     options: dict[str, Any] = Field(default_factory=dict, description="Keyword options for a built-in reward.")
 
@@ -273,7 +281,11 @@ class DapoConfig(_Section):
 
 
 class LogConfig(_Section):
-    output_dir: str = Field("runs/default", description="Run folder: config, metrics, samples, checkpoints.")
+    output_dir: str = Field(
+        "runs/default", description="Run folder: config, metrics, samples, checkpoints. A folder that already holds "
+        "a run is refused unless resume=true (continue it) or overwrite=true (replace it); it is locked while a run "
+        "trains, so a second run into it is refused."
+    )
     logging_steps: int = Field(10, ge=1, description="Print a sample table and a metrics line every N steps.")
     save_steps: int = Field(50, ge=1, description="Checkpoint every N optimizer steps (and at the end).")
     save_total_limit: int | None = Field(2, ge=1, description="Keep only the newest N checkpoints.")
@@ -293,7 +305,8 @@ class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     rewards: list[RewardSpec] = Field(
-        default_factory=list, description="Reward functions; empty = the built-in task's default rewards."
+        default_factory=list, description="Reward functions; empty = the built-in task's default rewards. Short "
+        "forms: [math, myrewards:exact, path/to/file.py:fn] (weight 1 each); long: [{name: math, weight: 0.5}]."
     )
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -301,8 +314,20 @@ class Config(_Section):
     dapo: DapoConfig = Field(default_factory=DapoConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     resume: bool | str = Field(
-        False, description="true = continue from the newest checkpoint in output_dir; a path = that checkpoint."
+        False, description="true = continue from the newest checkpoint in output_dir; a path = that checkpoint. "
+        "Config changes are recorded in config-history.jsonl; a changed model or LoRA setting is refused."
     )
+    overwrite: bool = Field(
+        False, description="Delete the run already in log.output_dir and start again (without it, rlvr refuses "
+        "to write into a folder that holds a run)."
+    )
+
+    @field_validator("rewards", mode="before")
+    @classmethod
+    def _short_reward_forms(cls, v: Any) -> Any:
+        from rlvr.reward_refs import normalise_reward_specs
+
+        return normalise_reward_specs(v)
 
     @field_validator("rewards")
     @classmethod
@@ -314,7 +339,7 @@ class Config(_Section):
             if ":" not in s.name and s.name not in names:
                 raise ValueError(
                     f"unknown reward {s.name!r}; valid built-in rewards: {', '.join(names)} "
-                    "(or give your own function as 'package.module:function')"
+                    "(or your own function as 'module:function' or 'path/to/file.py:function')"
                 )
         return specs
 
@@ -358,6 +383,9 @@ class Config(_Section):
             )
         if self.algo.epsilon >= 1.0:
             problems.append(f"algo.epsilon {self.algo.epsilon} must be < 1 (the ratio is clipped at 1 - epsilon)")
+        if self.resume is not False and self.overwrite:
+            problems.append("resume and overwrite exclude each other: resume=true continues the run in "
+                            "log.output_dir, overwrite=true deletes it")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -502,6 +530,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"config file {str(p)!r} must hold a mapping of sections, got {type(loaded).__name__}")
         tree = _normalise_top_level(loaded)
     tree = _merge(tree, parse_overrides(overrides or []))
+    from rlvr.trl_compat import translate
+
+    tree, problems = translate(tree)  # TRL's names for options rlvr spells differently
+    if problems:
+        raise ConfigError("invalid config:\n" + "\n".join(f"- {p}." for p in problems))
     try:
         return Config.model_validate(tree)
     except ValidationError as e:

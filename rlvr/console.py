@@ -16,7 +16,9 @@ from rich.table import Table
 class Console:
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
-        self.rich = RichConsole(stderr=False, highlight=False)
+        # soft_wrap: a line longer than the terminal (or than 80 columns in a pipe) is not cut into two,
+        # so a metric line stays one line for grep and for a log file.
+        self.rich = RichConsole(stderr=False, highlight=False, soft_wrap=True)
         self._progress: Progress | None = None
         self._task = None
         self._warned: Counter[str] = Counter()

@@ -3,8 +3,12 @@
 Used by `rlvr train` (before and after training, and every ``log.eval_steps``) and `rlvr eval`
 (``resolve_eval`` turns its arguments, a run folder / model folder / 'tiny' plus a task or dataset,
 into what ``evaluate`` needs).
-A completion is *correct* when the correctness checker's verdict says so; for a plain reward
-function without verdicts, when its reward is >= 1.
+A completion is *correct* when the verdict of the first correctness checker among the run's reward
+functions says so (the built-in ``math``, ``code``, ``json_schema``, ``arithmetic``, ``countdown``:
+strict extraction, no partial credit; a truncated completion is never correct). With no such checker,
+when the first reward function's value is >= 1. To judge a custom reward's run strictly, add the
+checker with weight 0 (``rewards=[myrewards:fn, {name: math, weight: 0}]``): it then judges without
+changing the training signal. ``correctness_rule`` says which rule a run uses.
 """
 
 from __future__ import annotations
@@ -37,6 +41,15 @@ def correctness_fn(reward_fns: list[RewardFn]) -> RewardFn:
         if rf.kind == "correctness":
             return rf
     return reward_fns[0]
+
+
+def correctness_rule(reward_fns: list[RewardFn]) -> str:
+    """What counts as correct in this evaluation, in words (printed with the accuracy)."""
+    rf = correctness_fn(reward_fns)
+    if rf.kind == "correctness" and hasattr(rf.fn, "verdicts"):
+        return f"correct = the {rf.name!r} checker's verdict"
+    return (f"correct = reward of {rf.name!r} >= 1 (no correctness checker among the rewards; add one with "
+            "weight 0, e.g. {name: math, weight: 0}, to judge strictly)")
 
 
 def evaluate(
@@ -74,7 +87,8 @@ def evaluate(
         flat_prompts = [p for p in prompts for _ in range(n)]
         res = score([checker], flat_prompts, [as_completion_payload(p, c.text) for p, c in zip(flat_prompts, comps)],
                     [c.token_ids for c in comps], cols)
-        ok = [(v.correct if v is not None else (not math.isnan(r) and r >= 1.0))
+        strict = checker.kind == "correctness"  # another checker's verdict (format, ...) is not correctness
+        ok = [(v.correct if v is not None and strict else (not math.isnan(r) and r >= 1.0))
               for v, r in zip(res.verdicts or [None] * len(comps), res.rewards_NK[:, 0].tolist())]
         correct_per_prompt += [sum(ok[i * n:(i + 1) * n]) for i in range(len(part))]
         lengths += [len(c.token_ids) for c in comps]

@@ -13,6 +13,7 @@ Units (TRL's: generation batch, micro-batch, optimizer step) and what changes wi
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -358,6 +359,17 @@ def run_eval(run: Run, label: str) -> dict[str, float]:
 
 
 def train(cfg: Config, console: Console | None = None) -> dict:
+    """Claim the run folder (an occupied one is refused, see rlvr.runfolder), check the inputs before any
+    model loads (rlvr.preflight), then run the loop."""
+    from rlvr.preflight import preflight
+    from rlvr.runfolder import claim_run_folder
+
+    console = console or Console(enabled=cfg.log.progress and os.environ.get("RANK", "0") == "0")
+    with claim_run_folder(cfg, console, preflight=lambda: preflight(cfg, console)):
+        return _train(cfg, console)
+
+
+def _train(cfg: Config, console: Console) -> dict:
     run = setup(cfg, console)
     maybe_resume(run)
     before = run_eval(run, "before") if cfg.log.eval_before_after and run.step == 0 else {}

@@ -79,9 +79,9 @@ class MetricLogger:
 
     def truncate_after(self, step: int) -> None:
         """Drop metrics.jsonl lines past ``step``: what a killed attempt wrote after its last checkpoint."""
-        if self.path.exists():
-            lines = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= step]
-            self.path.write_text("".join(ln + "\n" for ln in lines))
+        from rlvr.runfolder import truncate_jsonl
+
+        truncate_jsonl(self.path, step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         with open(self.path, "a") as f:

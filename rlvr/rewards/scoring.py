@@ -16,7 +16,6 @@ dotted import path ``package.module:function``. This module:
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import traceback
@@ -25,10 +24,11 @@ from typing import Any, Callable
 
 import torch
 
+from rlvr.errors import UserError
 from rlvr.rewards.base import REWARDS, Verdict
 
 
-class RewardFunctionError(RuntimeError):
+class RewardFunctionError(UserError, RuntimeError):
     """A reward function broke its contract (wrong length, wrong type)."""
 
 
@@ -56,21 +56,9 @@ class RewardFn:
 
 
 def _import_dotted(path: str) -> Callable:
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise RewardFunctionError(
-            f"cannot import reward module {module_name!r} for {path!r}: {e}. "
-            "Make sure the module is importable (on PYTHONPATH or installed)."
-        ) from None
-    try:
-        fn = getattr(module, attr)
-    except AttributeError:
-        raise RewardFunctionError(f"module {module_name!r} has no attribute {attr!r} (from reward {path!r})") from None
-    if not callable(fn):
-        raise RewardFunctionError(f"reward {path!r} is not callable")
-    return fn
+    from rlvr.reward_refs import import_reward
+
+    return import_reward(path)
 
 
 def reward_specs(cfg) -> list[tuple[str, float, dict[str, Any]]]:
@@ -165,6 +153,8 @@ def score(
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 try:
+                    if isinstance(v, (str, bytes)):  # "1.0" is a bug in the function, not a number
+                        raise TypeError
                     v = float(v)  # numpy / torch scalars
                 except (TypeError, ValueError):
                     raise RewardFunctionError(

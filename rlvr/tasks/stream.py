@@ -57,7 +57,7 @@ class PromptStream:
         self.position = 0  # rows this rank has handed out
         self._rows: list[dict] | None = None
         if cfg.data.path is not None:
-            self._rows = _file_rows(cfg, cfg.data.path)
+            self._rows = split_held_out(cfg, _file_rows(cfg, cfg.data.path))[0]
             if not self._rows:
                 raise ValueError(f"dataset {cfg.data.path!r} has no rows")
             for i, row in enumerate(self._rows):
@@ -113,15 +113,54 @@ class PromptStream:
         self.position = state["position"]
 
 
+def split_held_out(cfg: Config, rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(training rows, held-out rows) of data.path. Without data.eval_path, a data.eval_fraction slice of
+    the distinct prompts is held out: those whose stable hash of the prompt text is smallest, so the
+    slice is the same in every run of the file whatever train.seed is, and every copy of a prompt lands
+    on the same side. Fewer rows than one held-out prompt needs (e.g. 9 at 10%) hold out nothing."""
+    if cfg.data.eval_path is not None or cfg.data.eval_fraction == 0:
+        return rows, []
+    import json
+
+    from rlvr.tasks.base import problem_hash
+
+    def key(row: dict) -> str:
+        p = row["prompt"]
+        return p if isinstance(p, str) else json.dumps(p, sort_keys=True)
+
+    distinct = sorted({key(r) for r in rows}, key=lambda k: problem_hash("held-out:" + k))
+    held = set(distinct[: int(len(distinct) * cfg.data.eval_fraction)])
+    if len(held) == len(distinct):
+        return rows, []
+    return [r for r in rows if key(r) not in held], [r for r in rows if key(r) in held]
+
+
+def describe_held_out(cfg: Config) -> str | None:
+    """One line on what a file dataset's evaluation uses, for the console (None for a built-in task)."""
+    if cfg.data.path is None:
+        return None
+    if cfg.data.eval_size == 0:
+        return "no held-out evaluation (data.eval_size=0)"
+    if cfg.data.eval_path is not None:
+        return f"held-out evaluation on {cfg.data.eval_path} (its prompts are not trained on)"
+    train_rows, held = split_held_out(cfg, _file_rows(cfg, cfg.data.path))
+    if not held:
+        return (f"no held-out evaluation: {len(train_rows)} rows are too few to hold out data.eval_fraction="
+                f"{cfg.data.eval_fraction}; set data.eval_path to evaluate")
+    return (f"held out {len(held)} of {len(train_rows) + len(held)} rows of {cfg.data.path} for evaluation "
+            f"(data.eval_fraction={cfg.data.eval_fraction}, chosen by prompt hash; evaluated: "
+            f"{min(len(held), cfg.data.eval_size)}); they are never trained on")
+
+
 def eval_rows(cfg: Config) -> list[dict]:
-    """Held-out rows: the task's disjoint eval split, or data.eval_path."""
+    """Held-out rows: the task's disjoint eval split, data.eval_path, or the held-out slice of data.path."""
     if cfg.data.eval_size == 0:
         return []
     if cfg.data.eval_path is not None:
         rows = _file_rows(cfg, cfg.data.eval_path)
         return rows[: cfg.data.eval_size]
-    if cfg.data.path is not None:
-        return []  # a file dataset without eval_path: nothing held out to evaluate on
+    if cfg.data.path is not None:  # a file dataset without eval_path: its held-out slice
+        return split_held_out(cfg, _file_rows(cfg, cfg.data.path))[1][: cfg.data.eval_size]
     from rlvr.tasks import get_task
 
     rows = get_task(cfg.data.task, **cfg.data.task_options).eval_rows(cfg.data.eval_size, seed=0)

@@ -69,7 +69,7 @@ def test_raising_reward_function_is_counted_and_the_run_goes_on(tiny_model_dir, 
 def test_wrong_length_reward_is_a_clear_error(tiny_model_dir, sum_dataset, tmp_path):
     over = [o for o in smoke_overrides(tiny_model_dir, sum_dataset, tmp_path / "r") if not o.startswith("rewards=")]
     over.append("rewards=[{name: 'smoke_rewards:wrong_length'}]")
-    with pytest.raises(RewardFunctionError, match="'wrong_length' returned 1 values for 16 completions"):
+    with pytest.raises(RewardFunctionError, match="'wrong_length' returned 1 values for 2 completions"):
         train_mod.train(load_config(None, over))
 
 
