@@ -43,6 +43,11 @@ def test_decoy_golds():
     assert decoy_golds("2.5") == ["3.5", "1.5", "250"]
     assert decoy_golds("\\frac{1}{2}") == []
     assert decoy_golds(None) == []
+    # The other numbers a completion offers come first: short sprays are re-checked against them.
+    assert decoy_golds("72", "72 82") == ["82", "73", "71", "7200"]
+    assert decoy_golds("72", "7282") == ["7282", "73", "71", "7200"]
+    assert decoy_golds("72", "72 or 82 or 83") == ["82", "83", "73", "71", "7200"]
+    assert decoy_golds("18", "The answer is 18.0") == ["19", "17", "1800"]  # the gold in another form is no decoy
 
 
 def test_tamper_signals_on_programs():
