@@ -77,7 +77,7 @@ def test_decoy_recheck_budget_and_golds():
     first = next(i for i in passed)
     gold = int(records[first]["columns"]["answer"])
     first_decoys = decoy_golds(str(gold), records[first]["completion"])
-    assert first_decoys[-3:] == [str(gold + 1), str(gold - 1), str(gold * 100)]
+    assert {str(gold + 1), str(gold - 1), str(gold * 100)} <= set(first_decoys) and str(gold) not in first_decoys
     assert len({records[i]["group"] for i in passed}) == 3  # spread over groups first
     # Only rewarded completions are re-checked.
     assert all(records[i]["rewards"]["correct"] > 0 for i in passed)
