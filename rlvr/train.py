@@ -105,7 +105,7 @@ def reward(run: Run, batch: Rollouts) -> None:
     for msg in res.error_messages:
         run.console.warn(msg)
     for name, count in res.nan_count.items():
-        run.console.warn(f"reward function {name!r} returned NaN for {count} completions; treated as None")
+        run.console.warn(f"reward function {name!r} returned NaN or inf for {count} completions; treated as None")
     batch.rewards_NK, batch.verdicts = res.rewards_NK, res.verdicts
 
 
@@ -273,6 +273,8 @@ def log(run: Run, batch: Rollouts, adv_N: torch.Tensor, step_metrics: list[dict[
 def setup(cfg: Config, console: Console | None = None) -> Run:
     from rlvr.diagnostics import Diagnostics
     from rlvr.diagnostics.header import run_fingerprints
+    from rlvr.diagnostics.roles import declared_roles
+    from rlvr.diagnostics.shadow import shadow_grader_for
 
     d, device = distributed.init()
     console = console or Console(enabled=cfg.log.progress and d.is_main)
@@ -302,8 +304,9 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
     optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg, optimizer)
     diagnostics = Diagnostics(run_dir if d.is_main else None, cfg.rollout.num_generations, [rf.name for rf in reward_fns],
-                              [rf.weight for rf in reward_fns], {rf.name: rf.kind for rf in reward_fns},
+                              [rf.weight for rf in reward_fns], declared_roles(cfg.rewards, reward_fns),
                               reward_funcs={rf.name: rf.fn for rf in reward_fns},
+                              shadow=shadow_grader_for(cfg, stream.peek(1), {rf.name: rf.fn for rf in reward_fns}),
                               record_rollouts=cfg.log.record_rollouts and d.is_main,
                               samples_per_class=cfg.log.samples_per_class, console=console.raw)
     # Fingerprints say which data and checkers made this run: a file dataset whole, a task's stream by

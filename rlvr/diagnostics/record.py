@@ -110,7 +110,7 @@ def read_record(path: str | Path) -> tuple[dict[str, Any], dict[int, list[dict[s
     if not path.is_file():
         raise FileNotFoundError(
             f"no rollout record at {path}. The trainer writes {RECORD_NAME} in the run folder unless "
-            "diagnostics.record_rollouts is off; pass a run folder or the record file itself."
+            "log.record_rollouts is off; pass a run folder or the record file itself."
         )
     header: dict[str, Any] = {}
     steps: dict[int, list[dict[str, Any]]] = {}
