@@ -4,10 +4,10 @@ The monitors need to know which reward says "right" and which says "looks right"
 in order: the config (``rewards: [{name: ..., role: format}]``), the function's own ``role`` (or
 ``kind``) attribute (every built-in declares one), or inference from the first step's completions:
 
-- **does its score follow the gold?** The function is called once more with the gold column set to
-  what each completion itself answered (its stripped text, and the last number in it). A correctness
-  function then pays completions it did not pay before; a format or length function returns the same
-  scores. A function whose signature does not take the gold column cannot depend on it.
+- **does its score follow the gold?** The function is called on the first step's completions with
+  the real gold and with the gold set to what each completion itself answered (its stripped text,
+  then the last number in it). A correctness function scores the two differently; a format or
+  length function returns the same scores. A function whose signature does not take the gold column cannot depend on it.
 - **gold-independent**: ``length`` when its scores track completion length (|Pearson| ≥ 0.8 with the
   token count) and take more than two values, else ``format`` (it judges the text's shape).
 - **gold-dependent**: ``correctness``; the shadow grade then says how often it pays wrong answers.
@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 from rlvr.diagnostics.shadow import call_reward, finite_or_none, gold_column_of, takes_column
 
 ROLES = ("correctness", "format", "length", "other")
-# Completions probed per inference call (two calls, once per run).
+# Completions probed per inference call (up to four calls, once per run).
 PROBE_SIZE = 64
 LENGTH_CORR = 0.8
 _LAST_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?!.*\d)", re.DOTALL)
@@ -74,29 +74,26 @@ def infer_role(fn: Callable[..., Any], name: str, records: Sequence[Mapping[str,
     column = gold_column_of(records[0].get("columns") or {}, gold_column)
     depends: bool | None = False
     if column is not None and takes_column(fn, column):
-        before = [finite_or_none((r.get("rewards") or {}).get(name)) for r in records]
         names = sorted({k for r in records for k in (r.get("columns") or {})})
-        for probe in (0, 1):
-            golds, keep = [], []
-            for i, r in enumerate(records):
-                answers = _self_answers(str(r.get("completion") or ""))
-                if probe < len(answers):
-                    golds.append(answers[probe])
-                    keep.append(i)
-            if not keep:
-                continue
-            columns = {k: [(records[i].get("columns") or {}).get(k) for i in keep] for k in names}
-            columns[column] = golds
-            columns["truncated"] = [bool(records[i].get("truncated")) for i in keep]
-            try:
-                after = call_reward(fn, [records[i].get("prompt") for i in keep],
-                                    [str(records[i].get("completion") or "") for i in keep], columns)
-            except Exception:  # noqa: BLE001 - a function that cannot take the probe is left undecided
-                depends = None
-                break
-            if any(before[i] is not None and finite_or_none(a) != before[i] for i, a in zip(keep, after)):
-                depends = True
-                break
+        try:
+            for probe in (0, 1):
+                keep = [i for i, r in enumerate(records) if probe < len(_self_answers(str(r.get("completion") or "")))]
+                if not keep:
+                    continue
+                prompts = [records[i].get("prompt") for i in keep]
+                texts = [str(records[i].get("completion") or "") for i in keep]
+                columns = {k: [(records[i].get("columns") or {}).get(k) for i in keep] for k in names}
+                columns["truncated"] = [bool(records[i].get("truncated")) for i in keep]
+                # The same call twice, once with the gold replaced by what each completion answered:
+                # only a function that reads the gold can tell the two apart.
+                before = call_reward(fn, prompts, texts, columns)
+                columns[column] = [_self_answers(t)[probe] for t in texts]
+                after = call_reward(fn, prompts, texts, columns)
+                if [finite_or_none(v) for v in before] != [finite_or_none(v) for v in after]:
+                    depends = True
+                    break
+        except Exception:  # noqa: BLE001 - a function that cannot take the probe is left undecided
+            depends = None
     if column is None:
         return "other", "no gold column to compare it with"
     if depends is None:
