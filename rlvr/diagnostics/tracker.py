@@ -375,6 +375,8 @@ class Diagnostics:
         if state.get("roles"):  # the roles the interrupted run assumed, not a fresh guess
             self.reward_kinds = dict(state["roles"]["roles"])
             self.role_reasons = dict(state["roles"]["assumed"])
+            if self.roles_pending and self.run_dir is not None and self.record_rollouts:
+                self._write_record_header()  # the header this start wrote did not know them yet
             self.roles_pending = False
 
     def close(self) -> None:

@@ -6,6 +6,7 @@ Roles are inferred from the first step, correctness comes from the shadow grade 
 checker), never from "total reward > 0".
 """
 
+import json
 import random
 
 import pytest
@@ -122,3 +123,15 @@ def test_persistence_holds_at_the_first_step():
         history.append(summarize_step(records, 8, {"correct": 1.0, "format": 0.2}, REWARD_KINDS) | {"step": step})
         fired = {r.name for r in run_monitors(history, MonitorConfig()) if r.fired}
         assert ("truncation_gaming" in fired) == (step == 1)
+
+
+def test_resumed_run_keeps_the_assumed_roles(tmp_path):
+    from rlvr.diagnostics.diagnose import analyse_record
+
+    policy = HACKING_POLICIES["format_farming"]()
+    diag, _ = run_policy(policy, 3, seed=0, plain=True, run_dir=tmp_path)
+    state = json.loads(json.dumps(diag.state_dict()))  # through JSON, as a checkpoint does
+    resumed, _ = run_policy(policy, 0, seed=0, plain=True, run_dir=tmp_path)
+    resumed.load_state_dict(state)
+    assert resumed.reward_kinds == {"correct": "correctness", "format": "format"} and not resumed.roles_pending
+    assert analyse_record(tmp_path)["reward_roles"] == resumed.reward_kinds  # the record's latest header
