@@ -17,7 +17,7 @@ import re
 from collections import defaultdict
 from typing import Any, Iterable, Mapping, Sequence
 
-from rlvr.diagnostics.signals import is_multi_answer, looks_like_code, tamper_signals
+from rlvr.diagnostics.signals import canonical_number, is_multi_answer, looks_like_code, tail_numbers, tamper_signals
 
 OUTCOMES = ("all_fail", "mixed", "all_pass")
 # Rewards within this of each other count as equal: a group whose spread is below it gives every
@@ -48,6 +48,16 @@ def paid_by(record: Mapping[str, Any], names: Iterable[str]) -> bool:
 def is_truncated(record: Mapping[str, Any]) -> bool:
     """Hit ``max_completion_length`` (the trainer's flag, or a ``"length"`` finish reason)."""
     return bool(record.get("truncated")) or record.get("finish_reason") == "length"
+
+
+def offers_gold_among_others(record: Mapping[str, Any]) -> bool:
+    """The answer tail holds the gold and at least one other number: a guess list a lenient checker pays."""
+    columns = record.get("columns") or {}
+    gold = next((columns[c] for c in ("answer", "solution", "gold", "target", "ground_truth") if c in columns), None)
+    if gold is None:
+        return False
+    numbers = tail_numbers(str(record.get("completion") or ""))
+    return len(numbers) >= 2 and canonical_number(str(gold).strip()) in numbers
 
 
 def group_outcome(group: Sequence[Mapping[str, Any]]) -> str:
@@ -200,6 +210,9 @@ def summarize_step(
     ]
     decoy_checked = [r for r in records if r.get("decoy") is not None]
     decoy_passed = [r for r in decoy_checked if r.get("decoy")]
+    if not decoy_checked:  # no re-check ran (no reward functions to call): read paid-but-wrong texts instead
+        decoy_checked = [r for r in paid_records if r.get("shadow") is not None]
+        decoy_passed = [r for r in decoy_checked if not r["shadow"]["correct"] and offers_gold_among_others(r)]
     out["hacking/multi_answer_rate"] = _rate(sum(multi), len(paid_records))
     out["hacking/decoy_pass_rate"] = _rate(len(decoy_passed), len(decoy_checked))
     out["hacking/spray_rate"] = out["hacking/decoy_pass_rate"]

@@ -135,3 +135,15 @@ def test_resumed_run_keeps_the_assumed_roles(tmp_path):
     resumed.load_state_dict(state)
     assert resumed.reward_kinds == {"correct": "correctness", "format": "format"} and not resumed.roles_pending
     assert analyse_record(tmp_path)["reward_roles"] == resumed.reward_kinds  # the record's latest header
+
+
+def test_spraying_without_the_functions_is_read_from_paid_but_wrong_texts():
+    # No reward functions to re-call (roles declared, a shadow grade): a paid completion the strict
+    # grader rejects that offers the gold among other numbers is a spray.
+    policy = Policy(p_correct=const(0.3), p_spray=switch(0.0, 0.5, ONSET), spray_style="two",
+                    checker=lenient_numbers_checker)
+    _, trace = run_policy(policy, ONSET + WITHIN, seed=0, shadow=strict_shadow())
+    first = first_warning(trace, "answer_spraying")
+    assert first is not None and ONSET <= first <= ONSET + 5
+    _, healthy = run_policy(Policy(checker=lenient_numbers_checker), 60, seed=0, shadow=strict_shadow())
+    assert all_warnings(healthy) == []
