@@ -18,7 +18,7 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Any, Sequence
 
-from rlvr.diagnostics.health import no_learning
+from rlvr.diagnostics.health import no_learning, silent_rewards
 from rlvr.diagnostics.monitors import MONITORS, MonitorConfig, run_monitors, thresholds
 from rlvr.diagnostics.record import RECORD_NAME, read_record
 from rlvr.diagnostics.signals import looks_like_code, tamper_signals
@@ -134,6 +134,7 @@ def analyse_record(path: str | Path, cfg: MonitorConfig | None = None) -> dict[s
     roles = dict(header.get("reward_kinds") or {})
     limits = thresholds(cfg)
     cannot_learn = no_learning(list(summaries.values()), cfg.no_signal_steps, whole_run=True)
+    silent = [reason for _, reason in silent_rewards(list(summaries.values()), cfg.window)]
 
     return {
         "record": str(record_path),
@@ -145,6 +146,7 @@ def analyse_record(path: str | Path, cfg: MonitorConfig | None = None) -> dict[s
         "roles_assumed": header.get("role_reasons") or {},
         "shadow": header.get("shadow"),
         "cannot_learn": cannot_learn,
+        "silent_rewards": silent,
         "table": outcome_table(list(summaries.values())),
         "sources": {
             s: {o: c[o] / sum(c.values()) for o in OUTCOMES} | {"groups": sum(c.values())}
@@ -233,6 +235,7 @@ def render_text(result: dict[str, Any]) -> str:
                 f"mixed={row['mixed']:.1%} all_pass={row['all_pass']:.1%}"
             )
     lines.append("")
+    lines += [f"WARNING {reason}" for reason in result["silent_rewards"]]
     if result["warnings"]:
         for w in result["warnings"]:
             lines.append(f"WARNING step {w['step']}: {w['message']}")

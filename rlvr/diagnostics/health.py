@@ -30,6 +30,10 @@ def trailing(summaries: Sequence[Summary], condition) -> int:
     return count
 
 
+def silent_for(summaries: Sequence[Summary], name: str) -> int:
+    return trailing(summaries, lambda s: name in (s.get("_silent_rewards") or []))
+
+
 def no_learning(summaries: Sequence[Summary], steps: int, whole_run: bool = False) -> list[str]:
     """Reasons the run cannot learn, given its step summaries (oldest first); empty when it can.
 
@@ -42,21 +46,37 @@ def no_learning(summaries: Sequence[Summary], steps: int, whole_run: bool = Fals
     need = min(steps, len(summaries)) if whole_run else steps
     reasons = []
     flat = trailing(summaries, zero_signal)
-    if flat >= need:
+    silent = list(summaries[-1].get("_silent_rewards") or [])
+    everything_silent = bool(silent) and len(silent) == int(summaries[-1].get("_n_rewards") or 0)
+    if everything_silent and min(silent_for(summaries, n) for n in silent) >= need:
+        reasons.append(
+            f"no reward function scored anything on the last {min(silent_for(summaries, n) for n in silent)} steps "
+            f"({', '.join(silent)}: each raised, or returned None, NaN or inf for every completion): fix them."
+        )
+    elif flat >= need:
         reasons.append(
             f"every group had zero reward spread on the last {flat} steps: every advantage is 0 and the gradient "
             "is 0, so the run learns nothing. Usual causes: temperature=0 (greedy, all completions alike), a "
             "reward that is constant or scores nothing, a task far too hard or too easy for the model."
         )
-    names = list(summaries[-1].get("_silent_rewards") or [])
-    for name in names:
-        silent = trailing(summaries, lambda s, n=name: n in (s.get("_silent_rewards") or []))
-        if silent >= need:
-            reasons.append(
-                f"reward function {name!r} scored nothing on the last {silent} steps (it raised, or returned "
-                "None, NaN or inf for every completion): fix it, or remove it from rewards."
-            )
     return reasons
+
+
+def silent_rewards(summaries: Sequence[Summary], steps: int) -> list[tuple[str, str]]:
+    """Warnings for reward functions that scored nothing on the last ``steps`` steps while others did
+    (the run still learns from the others; a reward that is None by design on some data is not an error
+    unless it lasts)."""
+    if not summaries:
+        return []
+    out = []
+    for name in summaries[-1].get("_silent_rewards") or []:
+        count = silent_for(summaries, name)
+        if count >= steps:
+            out.append((name,
+                f"reward function {name!r} scored nothing on the last {count} steps (it raised, or returned None, "
+                "NaN or inf for every completion): fix it, or remove it from rewards."
+            ))
+    return out
 
 
 def health_metrics(summaries: Sequence[Summary], steps: int) -> dict[str, float]:

@@ -254,6 +254,7 @@ def summarize_step(
             out |= moments("fmt_pw", paid_wrong)
 
     # Reward functions that scored nothing this step (raised, or returned None / NaN / inf for all).
+    out["_n_rewards"] = len(reward_weights)
     out["_silent_rewards"] = [
         name for name in reward_weights if all((r.get("rewards") or {}).get(name) is None for r in records)
     ]

@@ -16,7 +16,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from rlvr.diagnostics.health import health_metrics, no_learning
+from rlvr.diagnostics.health import health_metrics, no_learning, silent_rewards
 from rlvr.diagnostics.history import history_table, update_history
 from rlvr.diagnostics.monitors import MONITORS, MonitorConfig, MonitorResult, change, run_monitors, series
 from rlvr.diagnostics.record import RECORD_NAME, append_lines, finite, record_header, to_json_line
@@ -308,6 +308,10 @@ class Diagnostics:
             if self._cooled("cannot_learn:" + reason[:40], step):
                 warnings.append(f"THIS RUN CANNOT LEARN: {reason}")
                 warned.append({"step": step, "monitor": "cannot_learn", "value": None, "message": reason})
+        for name, reason in silent_rewards(list(self.window), self.cfg.window):
+            if self._cooled("silent:" + name, step):
+                warnings.append(reason)
+                warned.append({"step": step, "monitor": "silent_reward", "value": None, "message": reason})
         for message in warnings:
             self.console(f"[diagnostics] step {step}: WARNING {message}")
 

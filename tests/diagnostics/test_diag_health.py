@@ -51,15 +51,32 @@ def test_a_short_run_that_never_had_signal_is_flagged_by_diagnose(tmp_path):
 
 
 def test_a_reward_that_scores_nothing_on_every_batch_warns():
+    # One of two rewards scores nothing: the run still learns from the other, so it is a warning
+    # after a window of steps, not "cannot learn".
     messages = []
     diag = new_diag(messages=messages)
     rng = random.Random(0)
-    for step in range(N):
+    window = MonitorConfig().window
+    for step in range(window):
         records = [dict(r, rewards={"correct": r["rewards"]["correct"], "format": None}) for r in
                    make_step(Policy(), step, rng)]
+        metrics, warnings = diag.observe(step, records)
+        assert metrics["health/silent_rewards"] == 1.0 and metrics["health/cannot_learn"] == 0.0
+        assert bool(warnings) == (step == window - 1)
+    assert any("'format' scored nothing on the last 10 steps" in m for m in messages)
+
+
+def test_the_only_reward_failing_on_every_batch_cannot_learn(tmp_path, capsys):
+    messages = []
+    diag = new_diag(tmp_path, messages)
+    rng = random.Random(0)
+    for step in range(N):
+        records = [dict(r, rewards={"correct": None, "format": None}) for r in make_step(Policy(), step, rng)]
         metrics, _ = diag.observe(step, records)
-    assert metrics["health/silent_rewards"] == 1.0 and metrics["health/cannot_learn"] == 1.0
-    assert any("'format' scored nothing" in m for m in messages)
+    assert metrics["health/cannot_learn"] == 1.0
+    assert any("CANNOT LEARN: no reward function scored anything" in m for m in messages)
+    assert diagnose(tmp_path) == EXIT_CANNOT_LEARN
+    assert "no reward function scored anything" in capsys.readouterr().out.splitlines()[0]
 
 
 @pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
