@@ -53,7 +53,8 @@ class MonitorConfig:
     accuracy_flat: float = 0.02
     """Correctness counts as flat below this rise (length inflation; format farming's floor)."""
     no_signal_steps: int = 3
-    """A run cannot learn when every group had zero reward spread (or a reward scored nothing) this many steps in a row."""
+    """A run cannot learn when every group had zero reward spread (or every reward scored nothing) this many
+    steps in a row."""
     length_growth: float = 0.25
     """Length inflation: mean length grew by this fraction over the window while accuracy was flat ..."""
     length_min_tokens: float = 2.0

@@ -115,7 +115,8 @@ def shadow_checker(task: str | None, task_options: Mapping[str, Any], rows: Sequ
     return ShadowGrader(REWARDS.get("math")(gold_column=column), column, f"gold column {column!r}")
 
 
-def shadow_grader_for(cfg: Any, rows: Sequence[Mapping[str, Any]], reward_funcs: Mapping[str, Any]) -> ShadowGrader | None:
+def shadow_grader_for(cfg: Any, rows: Sequence[Mapping[str, Any]],
+                      reward_funcs: Mapping[str, Any]) -> ShadowGrader | None:
     """``shadow_checker`` for a run config (``log.shadow_grading`` off -> None)."""
     if not getattr(cfg.log, "shadow_grading", True):
         return None

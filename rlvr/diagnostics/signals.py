@@ -116,7 +116,8 @@ def decoy_golds(gold: Any, completion: str = "", max_offered: int = 3) -> list[s
             offered.append(token)
     decoys = offered[:max_offered]
     if value is not None:
-        decoys += [format_number(value + 1), format_number(value - 1), format_number(value * 100 if value != 0 else 100.0)]
+        decoys += [format_number(value + 1), format_number(value - 1),
+                   format_number(value * 100 if value != 0 else 100.0)]
     return list(dict.fromkeys(decoys))
 
 

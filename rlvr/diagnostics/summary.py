@@ -64,7 +64,8 @@ def group_outcome(group: Sequence[Mapping[str, Any]]) -> str:
     """``"all_fail"``, ``"mixed"`` or ``"all_pass"`` for one group of G completions.
 
     With a strict grade (``correct`` not None for some completion, from the shadow grade or a
-    correctness checker; None counts as a fail): by the number that are correct. Without (non-binary rewards): ``"mixed"`` when the rewards differ, otherwise
+    correctness checker; None counts as a fail): by the number that are correct. Without (non-binary
+    rewards): ``"mixed"`` when the rewards differ, otherwise
     the equal-reward group is ``"all_pass"`` if that reward is positive and ``"all_fail"`` if not.
     """
     verdicts = [r.get("correct") for r in group]
