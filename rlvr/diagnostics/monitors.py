@@ -186,7 +186,7 @@ def answer_spraying(window: Sequence[Summary], cfg: MonitorConfig) -> MonitorRes
     message = (
         f"answer spraying: {passed} of the {checked} paid completions re-checked in the last {len(window)} steps "
         f"({rate:.0%}) were paid again when the gold was replaced by a wrong answer they also offer (another "
-        "number in them, gold ± 1, gold x 100). The checker is paying for guesses: make extraction strict (one "
+        "number in them, gold x 100). The checker is paying for guesses: make extraction strict (one "
         "final answer; several different answers = wrong) and read the examples (rlvr diagnose)."
     )
     return MonitorResult("answer_spraying", rate, fired, message if fired else None)

@@ -102,9 +102,11 @@ def decoy_golds(gold: Any, completion: str = "", max_offered: int = 3) -> list[s
 
     First the other numbers the completion offers in its answer tail (up to ``max_offered``): a
     checker that pays "72 or 82" for gold 72 *and* for gold 82 pays for a guess list ("72 82",
-    "7282" and "72 or 82 or 83" included). Then gold ± 1 (neighbourhood sprays) and gold x 100
-    (checkers that compare digits only or strip units and percentages). Numbers equal to the gold in
-    value are never decoys ("18.0" for 18). Empty when neither the gold nor the tail has a number.
+    "7282" and "72 or 82 or 83" included). Then gold x 100 (checkers that compare digits only or
+    strip units and percentages), so every paid numeric completion is re-checked against something.
+    Not gold ± 1: a checker with a relative tolerance pays it for an honest answer. Numbers equal to
+    the gold in value are never decoys ("18.0" for 18). Empty when neither the gold nor the tail has
+    a number.
     """
     value = parse_gold_number(gold)
     gold_text = canonical_number(str(gold).strip()) if gold is not None else ""
@@ -116,8 +118,7 @@ def decoy_golds(gold: Any, completion: str = "", max_offered: int = 3) -> list[s
             offered.append(token)
     decoys = offered[:max_offered]
     if value is not None:
-        decoys += [format_number(value + 1), format_number(value - 1),
-                   format_number(value * 100 if value != 0 else 100.0)]
+        decoys.append(format_number(value * 100 if value != 0 else 100.0))
     return list(dict.fromkeys(decoys))
 
 

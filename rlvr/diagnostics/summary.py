@@ -203,7 +203,7 @@ def summarize_step(
     out["_n_truncated_rewarded"] = truncated_paid
 
     # Answer spraying: completions a correctness reward paid were scored again against wrong golds
-    # (the other numbers they offer, gold ± 1, gold x 100; ``decoy`` field, set by Diagnostics): the
+    # (the other numbers they offer, gold x 100; ``decoy`` field, set by Diagnostics): the
     # rate is over the completions actually re-checked. Multi-answer text is a second, weaker signal.
     paid_records = [r for r, ok in zip(records, paid) if ok]
     multi = [

@@ -62,11 +62,11 @@ def decoy_recheck(
     gold_column: str | None = None,
 ) -> tuple[dict[int, bool], str | None]:
     """Re-score up to ``budget`` completions that ``reward_name`` paid, against wrong golds (``decoy_golds``:
-    the other numbers a completion offers, gold ± 1, gold x 100).
+    the other numbers a completion offers, gold x 100).
 
     Returns ``{record index: passed a decoy}`` and an error string when the reward function raised
     (the run goes on: a diagnostic must never stop training). One batched call per step, at most
-    ``6 · budget`` extra evaluations of the function. A completion that a reward pays for the right
+    ``4 · budget`` extra evaluations of the function. A completion that a reward pays for the right
     gold *and* for a wrong one answers several things at once: it is spraying.
     """
     gold_column = getattr(fn, "gold_column", None) or gold_column

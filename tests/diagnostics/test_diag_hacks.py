@@ -8,6 +8,7 @@ checker), never from "total reward > 0".
 
 import json
 import random
+import re
 
 import pytest
 from diag_synthetic import (
@@ -147,3 +148,17 @@ def test_spraying_without_the_functions_is_read_from_paid_but_wrong_texts():
     assert first is not None and ONSET <= first <= ONSET + 5
     _, healthy = run_policy(Policy(checker=lenient_numbers_checker), 60, seed=0, shadow=strict_shadow())
     assert all_warnings(healthy) == []
+
+
+def test_a_checker_with_a_tolerance_is_not_taken_for_spraying():
+    # Honest single answers under a checker that accepts 1 % relative error: no decoy is near the gold.
+    def within_one_percent(prompts, completions, completion_ids=None, answer=None, **kw):
+        out = []
+        for text, gold in zip(completions, answer):
+            numbers = re.findall(r"-?\d+", text.rsplit("The answer is", 1)[-1])
+            out.append(1.0 if numbers and abs(float(numbers[-1]) - float(gold)) <= 0.01 * abs(float(gold)) else 0.0)
+        return out
+
+    _, trace = run_policy(Policy(checker=within_one_percent), 40, seed=0, plain=True)
+    assert all_warnings(trace) == []
+    assert max(m.get("hacking/decoy_pass_rate") or 0.0 for _, m, _ in trace) == 0.0
