@@ -27,6 +27,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 # Columns that commonly hold the gold answer, tried when a checker does not name its own.
 GOLD_COLUMNS = ("answer", "solution", "gold", "target", "ground_truth")
+# A completion in which the strict checker finds no answer at all ("So we get 42" has no final-answer
+# marker for the math checker) is left ungraded, to the run's own correctness reward: a strict grader
+# that cannot read a run's answer format must not turn a learning run into an all-fail one.
+UNGRADED_REASONS = ("no_answer", "no_gold", "bad_gold")
 # Built-in correctness checkers whose verdicts are already strict (held to it by `rlvr audit`).
 STRICT_BUILTINS = ("rlvr.rewards.", "rlvr.tasks.")
 
@@ -74,7 +78,8 @@ class ShadowGrader:
         self.name = getattr(checker, "__name__", type(checker).__name__)
 
     def grade(self, records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any] | None]:
-        """Verdicts (``{"correct", "reason", "extracted"}``) in record order; ``None`` where a row has no gold."""
+        """Verdicts (``{"correct", "reason", "extracted"}``) in record order; ``None`` where a row has no gold
+        or the checker found no answer to judge (``UNGRADED_REASONS``)."""
         idx = [i for i, r in enumerate(records) if self.gold_column is None
                or (r.get("columns") or {}).get(self.gold_column) is not None]
         out: list[dict[str, Any] | None] = [None] * len(records)
@@ -86,7 +91,7 @@ class ShadowGrader:
         verdicts = self.checker.verdicts([records[i].get("prompt") for i in idx],
                                          [str(records[i].get("completion") or "") for i in idx], None, **columns)
         for i, v in zip(idx, verdicts):
-            if v.reward is not None:  # unscorable (a bad gold): no grade rather than a wrong one
+            if v.reward is not None and v.reason not in UNGRADED_REASONS:
                 out[i] = {"correct": bool(v.correct), "reason": v.reason, "extracted": v.extracted}
         return out
 

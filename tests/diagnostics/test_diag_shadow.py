@@ -39,13 +39,14 @@ def test_grades_and_paid_but_wrong():
     grader = ShadowGrader(REWARDS.get("arithmetic")(), "answer", "task arithmetic")
     records = [record("4", "4", {"loose": 1.0, "fmt": 1.0}), record("5", "4", {"loose": 1.0, "fmt": 1.0}),
                record("4 5", "4", {"loose": 1.0, "fmt": 0.0}), record("4", "4", {"loose": 1.0, "fmt": 0.0}, True),
-               record("4", None, {"loose": 1.0, "fmt": 1.0})]
+               record("4", None, {"loose": 1.0, "fmt": 1.0}), record("four", "4", {"loose": 1.0, "fmt": 1.0})]
     verdicts = grader.grade(records)
-    assert [v and v["correct"] for v in verdicts] == [True, False, False, False, None]  # no gold: ungraded
+    # No gold, or no answer the strict checker can read: ungraded (the run's own correctness decides).
+    assert [v and v["correct"] for v in verdicts] == [True, False, False, False, None, None]
     for r, v in zip(records, verdicts):
         r["shadow"] = v
     m = paid_but_wrong(records, ["loose", "fmt"])
     # 4 graded, 1 correct; "loose" paid all 3 wrong ones (3 of its 4 paid points), "fmt" 1 of 3 wrong.
-    assert m["shadow/accuracy"] == 0.25 and m["shadow/graded"] == 0.8
+    assert m["shadow/accuracy"] == 0.25 and m["shadow/graded"] == pytest.approx(4 / 6)
     assert m["shadow/loose/paid_wrong"] == 1.0 and m["shadow/loose/paid_wrong_share"] == 0.75
     assert m["shadow/fmt/paid_wrong"] == pytest.approx(1 / 3) and m["shadow/fmt/paid_wrong_share"] == 0.5
