@@ -176,9 +176,11 @@ class Diagnostics:
         # Decoy verdicts of the last observed step, so samples() of that step can show them.
         self._decoy_step: int | None = None
         self._decoy_flags: dict[tuple[Any, Any], bool] = {}
+        # The record's header names the roles: with roles still to infer it waits for the first step.
+        self._header_written = False
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            if record_rollouts:
+            if not self.roles_pending:
                 self._write_record_header()
         if not self.roles_pending and self.shadow is not None:
             self._announce_roles()
@@ -192,6 +194,9 @@ class Diagnostics:
         }
 
     def _write_record_header(self) -> None:
+        if self.run_dir is None or not self.record_rollouts or self._header_written:
+            return
+        self._header_written = True
         header = record_header(self.group_size, self.reward_names, list(self.reward_weights.values()),
                                self.reward_kinds)
         header["role_reasons"] = self.role_reasons
@@ -216,8 +221,6 @@ class Diagnostics:
         self.roles_pending = False
         self._announce_roles()
         if self.run_dir is not None:
-            if self.record_rollouts:
-                self._write_record_header()  # diagnose reads the latest header: the same roles
             header_path = self.run_dir / "header.json"
             if header_path.is_file():
                 try:
@@ -257,6 +260,7 @@ class Diagnostics:
         metrics: dict[str, float] = {}
         if self.roles_pending:
             self._infer_roles(records)
+        self._write_record_header()  # once per start, now that the roles are known
         self._grade(records, metrics)
         for name, fn in self.decoy_funcs.items():
             passed, error = decoy_recheck(fn, records, name, self.decoy_budget,
@@ -379,9 +383,7 @@ class Diagnostics:
         if state.get("roles"):  # the roles the interrupted run assumed, not a fresh guess
             self.reward_kinds = dict(state["roles"]["roles"])
             self.role_reasons = dict(state["roles"]["assumed"])
-            if self.roles_pending and self.run_dir is not None and self.record_rollouts:
-                self._write_record_header()  # the header this start wrote did not know them yet
-            self.roles_pending = False
+            self.roles_pending = False  # the header (written at the next step) carries them
 
     def close(self) -> None:
         """Nothing is held open between steps (each write opens and closes its file); kept for symmetry."""

@@ -135,7 +135,13 @@ def test_resumed_run_keeps_the_assumed_roles(tmp_path):
     resumed, _ = run_policy(policy, 0, seed=0, plain=True, run_dir=tmp_path)
     resumed.load_state_dict(state)
     assert resumed.reward_kinds == {"correct": "correctness", "format": "format"} and not resumed.roles_pending
-    assert analyse_record(tmp_path)["reward_roles"] == resumed.reward_kinds  # the record's latest header
+    resumed.observe(3, make_step(policy, 3, random.Random(3)))
+    from rlvr.diagnostics.record import iter_lines
+
+    headers = [obj for obj in iter_lines(tmp_path / "rollouts.jsonl.gz") if "rlvr_record" in obj]
+    assert len(headers) == 2  # one per start, each with the roles
+    assert all(h["reward_kinds"] == resumed.reward_kinds for h in headers)
+    assert analyse_record(tmp_path)["reward_roles"] == resumed.reward_kinds
 
 
 def test_spraying_without_the_functions_is_read_from_paid_but_wrong_texts():
