@@ -40,7 +40,7 @@ class MonitorConfig:
     """Answer spraying fires when this share of the window's decoy re-checked completions passed a wrong gold ..."""
     spray_min_checked: int = 8
     """... out of at least this many re-checked completions in the window (small samples are noise)."""
-    decoy_budget: int = 64
+    decoy_budget: int = 32
     """Paid completions re-checked against wrong golds per step and correctness reward (one per group first)."""
     format_rise: float = 0.2
     """Format farming: the share of strict-wrong completions that a format reward pays rose by this much
