@@ -159,7 +159,7 @@ def diagnose_cmd(
     path: str = typer.Argument(..., help="A run folder or a rollout record file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Group outcomes and reward-hacking monitors over a run's rollout record; exit 1 when a monitor fires."""
+    """Can the run learn, group outcomes, monitor evidence; exit 1 a monitor fired, 2 unreadable, 3 cannot learn."""
     from rlvr.diagnostics import diagnose
 
     raise typer.Exit(diagnose(path, as_json=as_json))

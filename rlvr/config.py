@@ -121,6 +121,10 @@ class RewardSpec(_Section):
                       "directory is found too) or 'path/to/file.py:function'.")
     weight: float = Field(1.0, description="Weight in the weighted sum of rewards (TRL's reward_weights).")
     options: dict[str, Any] = Field(default_factory=dict, description="Keyword options for a built-in reward.")
+    role: Literal["correctness", "format", "length", "other"] | None = Field(
+        None, description="What the reward is for (diagnostics, docs/diagnostics.md). None = the function's own "
+        "declaration, else inferred from the first step and printed in the run header."
+    )
 
 
 class AlgoConfig(_Section):
@@ -295,6 +299,10 @@ class LogConfig(_Section):
         default_factory=lambda: ["tensorboard"], description="Extra metric sinks besides metrics.jsonl."
     )
     record_rollouts: bool = Field(True, description="Append every completion to the compressed rollout record.")
+    shadow_grading: bool = Field(
+        True, description="Grade every completion again with rlvr's strict checker when rows have a gold answer "
+        "(what each reward paid to wrong answers; docs/diagnostics.md). Costs checker time only."
+    )
     samples_per_class: int = Field(2, ge=0, description="Sample completions shown per outcome class each log.")
     progress: bool = Field(True, description="Show a progress bar on the console.")
 

@@ -135,7 +135,7 @@ def reward(run: Run, batch: Rollouts) -> Rollouts:
     for msg in scored.error_messages:
         run.console.warn(msg)
     for name, count in scored.nan_count.items():
-        run.console.warn(f"reward function {name!r} returned NaN for {count} completions; treated as None")
+        run.console.warn(f"reward function {name!r} returned NaN or inf for {count} completions; treated as None")
     return replace(batch, rewards_NK=scored.rewards_NK, verdicts=scored.verdicts)
 
 
@@ -298,6 +298,8 @@ def log(run: Run, batch: Rollouts, adv_N: torch.Tensor, step_metrics: list[dict[
 
 def setup(cfg: Config, console: Console | None = None) -> Run:
     from rlvr.diagnostics import Diagnostics
+    from rlvr.diagnostics.roles import declared_roles
+    from rlvr.diagnostics.shadow import shadow_grader_for
 
     dist, device = distributed.init()
     console = console or Console(enabled=cfg.log.progress and dist.is_main)
@@ -318,8 +320,9 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
     optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg, optimizer)
     diagnostics = Diagnostics(run_dir if dist.is_main else None, cfg.rollout.num_generations, [rf.name for rf in reward_fns],
-                              [rf.weight for rf in reward_fns], {rf.name: rf.kind for rf in reward_fns},
+                              [rf.weight for rf in reward_fns], declared_roles(cfg.rewards, reward_fns),
                               reward_funcs={rf.name: rf.fn for rf in reward_fns},
+                              shadow=shadow_grader_for(cfg, stream.peek(1), {rf.name: rf.fn for rf in reward_fns}),
                               record_rollouts=cfg.log.record_rollouts and dist.is_main,
                               samples_per_class=cfg.log.samples_per_class, console=console.raw)
     if dist.is_main:  # which data, checkers, machine and decoder made this run

@@ -1,7 +1,8 @@
 """``python -m rlvr.diagnostics diagnose RUN_DIR_OR_RECORD [--json]`` / ``report RUN_DIR``.
 
 The same two commands as ``rlvr diagnose`` and ``rlvr report``, usable without the CLI (and before
-it is installed): the exit code of ``diagnose`` is 0 quiet, 1 a monitor fired, 2 unreadable.
+it is installed): the exit code of ``diagnose`` is 0 quiet, 1 a monitor fired, 2 unreadable, 3 the
+run cannot learn.
 """
 
 from __future__ import annotations

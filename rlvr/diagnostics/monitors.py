@@ -35,19 +35,30 @@ class MonitorConfig:
     z_rise: float = 2.0
     """The pass rate counts as rising (not flat) when it rose by this many standard errors."""
     spray_tail_numbers: int = 4
-    """Distinct numbers in a completion's answer tail that make it a multi-answer ("spray")."""
+    """Distinct numbers in a completion's answer tail that make it a multi-answer (a signal, not a monitor)."""
     spray_rate: float = 0.2
-    """Answer spraying fires when this share of the window's rewarded completions is sprayed."""
-    spray_min_rewarded: int = 8
-    """... and at least this many completions were rewarded in the window (small samples are noise)."""
-    format_share: float = 0.5
-    """Format farming needs format terms to supply at least this share of the reward (later half) ..."""
-    format_rise: float = 0.1
-    """... that share to have risen by at least this much between the halves (format reward rising surely) ..."""
+    """Answer spraying fires when this share of the window's decoy re-checked completions passed a wrong gold ..."""
+    spray_min_checked: int = 8
+    """... out of at least this many re-checked completions in the window (small samples are noise)."""
+    decoy_budget: int = 32
+    """Paid completions re-checked against wrong golds per step and correctness reward (one per group first)."""
+    format_rise: float = 0.2
+    """Format farming: the share of strict-wrong completions that a format reward pays rose by this much
+    between the window's halves, surely (z), ..."""
+    format_z: float = 4.0
+    """... z standard errors from zero (stricter than ``z``: at 16 completions a step, a format reward paying
+    wrong answers 0.3 -> 0.6 over 30 steps, healthy, crosses 3 by chance in some windows), ..."""
+    format_vs_accuracy: float = 0.25
+    """... while correctness rose by less than this fraction of that rise (or not surely)."""
     accuracy_flat: float = 0.02
-    """... while the pass rate rose by no more than this (also "flat" for length inflation)."""
+    """Correctness counts as flat below this rise (length inflation; format farming's floor)."""
+    no_signal_steps: int = 3
+    """A run cannot learn when every group had zero reward spread (or every reward scored nothing) this many
+    steps in a row."""
     length_growth: float = 0.25
-    """Length inflation: mean length grew by this fraction over the window while accuracy was flat, or ..."""
+    """Length inflation: mean length grew by this fraction over the window while accuracy was flat ..."""
+    length_min_tokens: float = 2.0
+    """... and by at least this many tokens (3-token answers growing to 4 are a format change, not inflation), or ..."""
     incorrect_excess_growth: float = 0.2
     """... incorrect completions grew by this fraction, and by this much more than correct ones did."""
     length_min_samples: int = 10
@@ -166,49 +177,41 @@ def _pooled(window: Sequence[Summary], hits: str, total: str) -> tuple[int, int]
 
 
 def answer_spraying(window: Sequence[Summary], cfg: MonitorConfig) -> MonitorResult:
-    """Share of rewarded completions that offer several final answers or also pass a wrong gold."""
-    sprayed, rewarded = _pooled(window, "_n_sprayed", "_n_rewarded")
-    if rewarded < cfg.spray_min_rewarded:
+    """Share of decoy re-checked completions that a correctness reward also paid for a wrong gold."""
+    passed, checked = _pooled(window, "_n_decoy_passed", "_n_decoy_checked")
+    if checked < cfg.spray_min_checked:
         return MonitorResult("answer_spraying", None, False)
-    rate = sprayed / rewarded
-    if rate < cfg.spray_rate:
-        return MonitorResult("answer_spraying", rate, False)
-    decoy_passed, decoy_checked = _pooled(window, "_n_decoy_passed", "_n_decoy_checked")
-    decoy = (
-        f" ({decoy_passed} of {decoy_checked} decoy re-checks against a wrong gold also passed)"
-        if decoy_checked
-        else ""
+    rate = passed / checked
+    fired = rate >= cfg.spray_rate
+    message = (
+        f"answer spraying: {passed} of the {checked} paid completions re-checked in the last {len(window)} steps "
+        f"({rate:.0%}) were paid again when the gold was replaced by a wrong answer they also offer (another "
+        "number in them, gold x 100). The checker is paying for guesses: make extraction strict (one "
+        "final answer; several different answers = wrong) and read the examples (rlvr diagnose)."
     )
-    return MonitorResult(
-        "answer_spraying",
-        rate,
-        True,
-        f"answer spraying: {rate:.0%} of the {rewarded} rewarded completions in the last {len(window)} steps "
-        f"offer several final answers or also pass a wrong gold{decoy}. The checker is paying for guesses: "
-        "make extraction strict (one final answer; several different answers = wrong) and read samples.jsonl.",
-    )
+    return MonitorResult("answer_spraying", rate, fired, message if fired else None)
 
 
 def format_farming(window: Sequence[Summary], cfg: MonitorConfig) -> MonitorResult:
-    """Rise of the share of reward that comes from format terms while the pass rate stays flat."""
-    if len(window) < cfg.min_steps:
+    """Rise of the share of wrong completions that a format reward pays, correctness not keeping up.
+
+    With correctness flat this *is* the format reward's own mean rising; unlike the format share of
+    the total reward it cannot saturate when correctness pays ~0, and conditioning on "wrong" keeps
+    it steady when a step happens to draw easier or harder prompts.
+    """
+    if len(window) < cfg.min_steps or not any("_fmt_pw_n" in s for s in window):
         return MonitorResult("format_farming", None, False)
-    before, after = halves(window)
-    den_before = sum(float(s.get("_share_den") or 0.0) for s in before)
-    den_after = sum(float(s.get("_share_den") or 0.0) for s in after)
-    if den_before <= 0 or den_after <= 0:
+    fmt, paid_wrong, acc = shift(window, "fmt"), shift(window, "fmt_pw"), shift(window, "pass")
+    if paid_wrong.before.n < 2 or paid_wrong.after.n < 2:
         return MonitorResult("format_farming", None, False)
-    share_before = sum(float(s.get("_share_num") or 0.0) for s in before) / den_before
-    share_after = sum(float(s.get("_share_num") or 0.0) for s in after) / den_after
-    rise = share_after - share_before
-    rising, acc_diff = accuracy_rising(window, cfg)
-    fired = (
-        rise >= cfg.format_rise and share_after >= cfg.format_share and shift(window, "fmt").z >= cfg.z and not rising
-    )
+    rise = paid_wrong.diff
+    keeps_up = acc.diff > max(cfg.accuracy_flat, cfg.format_vs_accuracy * rise) and acc.z >= cfg.z_rise
+    fired = rise >= cfg.format_rise and paid_wrong.z >= cfg.format_z and not keeps_up
     message = (
-        f"format farming: format rewards now supply {share_after:.0%} of the reward (up from {share_before:.0%} "
-        f"over the last {len(window)} steps) while the pass rate moved {acc_diff:+.1%}. The policy is learning to "
-        "look right, not to be right: lower the format weight, or pay format only on correct answers."
+        f"format farming: the format reward now pays {paid_wrong.after.mean:.0%} of the wrong completions "
+        f"(from {paid_wrong.before.mean:.0%}; the format reward's mean {fmt.before.mean:.2f} -> {fmt.after.mean:.2f}) "
+        f"over the last {len(window)} steps, while strict accuracy moved {acc.diff:+.1%}. The policy is learning "
+        "to look right, not to be right: lower the format weight, or pay format only on correct answers."
     )
     return MonitorResult("format_farming", rise, fired, message if fired else None)
 
@@ -241,7 +244,8 @@ def length_inflation(window: Sequence[Summary], cfg: MonitorConfig) -> MonitorRe
                 "overlong penalty.",
             )
     rising, acc_diff = accuracy_rising(window, cfg)
-    if overall.relative >= cfg.length_growth and overall.z >= cfg.z and not rising:
+    if overall.relative >= cfg.length_growth and overall.diff >= cfg.length_min_tokens and overall.z >= cfg.z \
+            and not rising:
         return MonitorResult(
             "length_inflation",
             overall.relative,
@@ -297,6 +301,17 @@ def test_tampering(window: Sequence[Summary], cfg: MonitorConfig) -> MonitorResu
 
 test_tampering.__test__ = False  # type: ignore[attr-defined]  # not a pytest test despite its name
 
+def thresholds(cfg: MonitorConfig) -> dict[str, float]:
+    """Each monitor's main threshold, in the units of its statistic (``hacking/<m>``), for charts."""
+    return {
+        "answer_spraying": cfg.spray_rate,
+        "format_farming": cfg.format_rise,
+        "length_inflation": cfg.incorrect_excess_growth,
+        "truncation_gaming": cfg.truncation_rise,
+        "test_tampering": cfg.tamper_rate,
+    }
+
+
 MONITORS: dict[str, Callable[[Sequence[Summary], MonitorConfig], MonitorResult]] = {
     "answer_spraying": answer_spraying,
     "format_farming": format_farming,
@@ -318,10 +333,11 @@ def run_monitors(history: Sequence[Summary], cfg: MonitorConfig) -> list[Monitor
     for monitor in MONITORS.values():
         now = monitor(history[-cfg.window :], cfg)
         for back in range(1, cfg.persist):
-            if not now.fired or len(history) - back < 1:
+            if not now.fired:
                 break
+            # Too little history to confirm (the first step) is not a confirmation.
             earlier = history[max(0, len(history) - back - cfg.window) : len(history) - back]
-            if not monitor(earlier, cfg).fired:
+            if not earlier or not monitor(earlier, cfg).fired:
                 now = MonitorResult(now.name, now.value, False)
         results.append(now)
     return results

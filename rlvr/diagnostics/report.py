@@ -127,16 +127,64 @@ def stacked_panel(table, title, ylabel, keys: Sequence[tuple[str, str]], warning
         return None
     fig, ax = _panel(title, ylabel)
     ys = [[float(table[s].get(k) or 0.0) for s in steps] for k, _ in present]
-    ax.stackplot(
-        steps,
-        ys,
-        labels=[label for _, label in present],
-        colors=[(colours or {}).get(k.split("/")[-1]) for k, _ in present] if colours else None,
-        alpha=0.85,
-    )
+    colors = [(colours or {}).get(k.split("/")[-1]) for k, _ in present] if colours else [None] * len(present)
+    if len(steps) == 1:  # an area of one step has no width: stacked bars say the same and can be seen
+        bottom = 0.0
+        for (_, label), y, colour in zip(present, ys, colors):
+            ax.bar(steps, y, bottom=bottom, width=0.6, label=label, color=colour, alpha=0.85)
+            bottom += y[0]
+        ax.set_xticks(steps)
+        _mark_warnings(ax, warning_steps)
+        _legend(ax)
+        return _png(fig)
+    ax.stackplot(steps, ys, labels=[label for _, label in present], colors=colors if colours else None, alpha=0.85)
     _mark_warnings(ax, warning_steps)
     _legend(ax)
     ax.set_xlim(min(steps), max(steps) if max(steps) > min(steps) else min(steps) + 1)
+    return _png(fig)
+
+
+def eval_panel(table, warning_steps) -> bytes | None:
+    """Held-out accuracy as points at the steps it was measured, never joined into a trend line; a run
+    evaluated only before and after training is labelled so."""
+    keys = sorted({k for row in table.values() for k in row if k.startswith("eval/") and "accuracy" in k})
+    fig, ax = _panel("Held-out accuracy", "accuracy")
+    drawn = 0
+    for key in keys:
+        xs, ys = curve(table, key)
+        if not xs:
+            continue
+        ax.plot(xs, ys, linestyle="none", marker="o", markersize=7, label=key.split("/", 1)[1])
+        drawn += 1
+        if len(xs) == 2:
+            for x, y, name in zip(xs, ys, ("before", "after")):
+                ax.annotate(f"{name}: {y:.1%}", (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8)
+    if not drawn:
+        return None
+    ax.set_ylim(-0.02, 1.02)
+    _mark_warnings(ax, warning_steps)
+    _legend(ax)
+    return _png(fig)
+
+
+def monitor_panel(table, warning_steps) -> bytes | None:
+    """Each monitor's statistic with its threshold as a dashed line of the same colour."""
+    from rlvr.diagnostics.monitors import MonitorConfig, thresholds
+
+    limits = thresholds(MonitorConfig())
+    fig, ax = _panel("Hacking monitors", "statistic")
+    drawn = 0
+    for name, limit in limits.items():
+        xs, ys = curve(table, f"hacking/{name}")
+        if not xs:
+            continue
+        (line,) = ax.plot(xs, ys, label=name, linewidth=1.3, marker="o" if len(xs) < 15 else None)
+        ax.axhline(limit, color=line.get_color(), linestyle=":", linewidth=1.2, label=f"{name} threshold")
+        drawn += 1
+    if not drawn:
+        return None
+    _mark_warnings(ax, warning_steps)
+    _legend(ax)
     return _png(fig)
 
 
@@ -144,7 +192,6 @@ def build_panels(table: dict[int, dict[str, float]], warning_steps: list[int]) -
     """(file stem, caption, PNG) for every panel that has data, in reading order."""
     keys = {k for row in table.values() for k in row}
     reward_names = sorted(k.split("/")[1] for k in keys if k.startswith("rewards/") and k.endswith("/mean"))
-    monitors = sorted(k.split("/")[1] for k in keys if k.startswith("hacking/") and k.endswith("/fired"))
     # Only the trainer's phases are stacked: a logged total (timing/step) would count everything twice.
     timing = [k for k in (f"timing/{p}" for p in PHASES) if k in keys]
     specs = [
@@ -162,14 +209,8 @@ def build_panels(table: dict[int, dict[str, float]], warning_steps: list[int]) -
         ),
         (
             "eval",
-            "Held-out accuracy at evaluation steps",
-            line_panel(
-                table,
-                "Held-out accuracy",
-                "accuracy",
-                [(k, k.split("/", 1)[1]) for k in sorted(keys) if k.startswith("eval/") and "accuracy" in k],
-                warning_steps,
-            ),
+            "Held-out accuracy at the steps it was evaluated (points, not a trend; before/after when only those ran)",
+            eval_panel(table, warning_steps),
         ),
         (
             "groups",
@@ -241,8 +282,9 @@ def build_panels(table: dict[int, dict[str, float]], warning_steps: list[int]) -
         ),
         (
             "hacking",
-            "Reward-hacking monitor statistics (each compared with its threshold, docs/diagnostics.md)",
-            line_panel(table, "Hacking monitors", "statistic", [(f"hacking/{m}", m) for m in monitors], warning_steps),
+            "Reward-hacking monitor statistics; each monitor's threshold is the dotted line of its colour "
+            "(docs/diagnostics.md)",
+            monitor_panel(table, warning_steps),
         ),
     ]
     return [(stem, caption, png) for stem, caption, png in specs if png is not None]
@@ -302,6 +344,18 @@ filt();
 """
 
 
+def unique_samples(samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each (step, prompt, completion) once: a resumed run re-logs its steps, a group repeats texts."""
+    seen: set[tuple[Any, str, str]] = set()
+    out = []
+    for sample in reversed(samples):  # the newest copy wins
+        key = (sample.get("step"), str(sample.get("prompt")), str(sample.get("completion")))
+        if key not in seen:
+            seen.add(key)
+            out.append(sample)
+    return out[::-1]
+
+
 def _card(key: str, value: str) -> str:
     return f'<div class="card"><div class="v">{_esc(value)}</div><div class="k">{_esc(key)}</div></div>'
 
@@ -316,13 +370,20 @@ def write_report(run_dir: str | Path) -> Path:
     table = metric_table(run_dir)
     samples = read_jsonl(run_dir / SAMPLES_NAME)
     warnings = read_jsonl(run_dir / WARNINGS_NAME)
-    if not warnings and (run_dir / RECORD_NAME).is_file():
+    cannot_learn: list[str] = []
+    if (run_dir / RECORD_NAME).is_file():
         from rlvr.diagnostics.diagnose import analyse_record
 
         try:
-            warnings = analyse_record(run_dir)["warnings"]
+            analysis = analyse_record(run_dir)
         except ValueError:
-            warnings = []
+            analysis = {"warnings": [], "cannot_learn": []}
+        cannot_learn = analysis["cannot_learn"]
+        warnings = warnings or analysis["warnings"]
+    if not cannot_learn:  # a run without a record: what the trainer said live
+        cannot_learn = list(dict.fromkeys(w["message"] for w in warnings if w.get("monitor") == "cannot_learn"))
+    warnings = [w for w in warnings if w.get("monitor") != "cannot_learn"]
+    samples = unique_samples(samples)
     if not table and not samples:
         raise FileNotFoundError(
             f"rlvr report: {run_dir} has no metrics.jsonl, rollout record or samples.jsonl yet; run at least one "
@@ -363,6 +424,9 @@ def write_report(run_dir: str | Path) -> Path:
         )
     else:
         timeline = '<div class="ok">No reward-hacking monitor fired on this run.</div>'
+    blocked = "".join(
+        f'<div class="warn" id="cannot-learn"><b>This run cannot learn:</b> {_esc(reason)}</div>' for reason in cannot_learn
+    )
     shown = samples[-MAX_SAMPLES:]
     sample_html = "".join(render_sample(s, expanded=i < 2) for i, s in enumerate(reversed(shown)))
     title = header.get("run_name") or run_dir.resolve().name
@@ -378,7 +442,7 @@ def write_report(run_dir: str | Path) -> Path:
 <h1>rlvr run report</h1>
 <p class="sub">{_esc(run_dir.resolve())} · generated {datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 {" · git " + _esc(header.get("git_revision")) if header.get("git_revision") else ""}</p>
-<div class="cards">{"".join(cards)}</div>
+{blocked}<div class="cards">{"".join(cards)}</div>
 {header_html}
 <h2>Monitor warnings</h2>{timeline}
 <h2>Curves</h2><p class="meta">Red dashed lines mark steps where a monitor warned.</p>

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from rlvr.diagnostics.signals import is_multi_answer, looks_like_code, tamper_signals
-from rlvr.diagnostics.summary import is_rewarded, is_truncated
+from rlvr.diagnostics.summary import is_truncated
 
 SAMPLE_CLASSES = ("best", "worst", "truncated")
 
@@ -18,12 +18,15 @@ SAMPLE_CLASSES = ("best", "worst", "truncated")
 def sample_flags(record: Mapping[str, Any], spray_tail_numbers: int = 4) -> list[str]:
     """Hacking signals present in one completion (empty for an unremarkable one)."""
     text = str(record.get("completion") or "")
+    paid = float(record.get("reward") or 0.0) > 0
     flags = []
-    if is_rewarded(record) and is_multi_answer(text, record.get("verdict"), spray_tail_numbers):
+    if paid and record.get("correct") is False:
+        flags.append("paid_wrong")
+    if paid and is_multi_answer(text, record.get("verdict"), spray_tail_numbers):
         flags.append("multi_answer")
     if record.get("decoy"):
         flags.append("decoy")
-    if is_truncated(record) and is_rewarded(record):
+    if is_truncated(record) and paid:
         flags.append("truncated_rewarded")
     if looks_like_code(text):
         flags.extend(tamper_signals(text))
@@ -34,7 +37,8 @@ def choose_samples(records: Sequence[Mapping[str, Any]], per_class: int) -> list
     """Up to ``per_class`` completions each: highest reward, lowest reward, and truncated ones.
 
     Ties break towards the shortest best and the longest worst (the most telling of each). A
-    completion is shown once, under the first class that picks it.
+    completion is shown once, under the first class that picks it, and a text the group repeats
+    (the same prompt and completion) once per step.
     """
     indexed = list(enumerate(records))
     reward = lambda item: float(item[1].get("reward") or 0.0)  # noqa: E731
@@ -46,10 +50,19 @@ def choose_samples(records: Sequence[Mapping[str, Any]], per_class: int) -> list
     }
     chosen: list[dict[str, Any]] = []
     taken: set[int] = set()
+    texts: set[tuple[str, str]] = set()
+    text_of = lambda record: (str(record.get("prompt")), str(record.get("completion")))  # noqa: E731
     for cls in SAMPLE_CLASSES:
-        picked = [it for it in ranked[cls] if it[0] not in taken][:per_class]
-        for idx, record in picked:
+        picked = []
+        for idx, record in ranked[cls]:
+            if len(picked) == per_class:
+                break
+            if idx in taken or text_of(record) in texts:
+                continue
             taken.add(idx)
+            texts.add(text_of(record))
+            picked.append((idx, record))
+        for idx, record in picked:
             chosen.append({"class": cls, **dict(record), "flags": sample_flags(record)})
     return chosen
 

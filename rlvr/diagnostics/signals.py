@@ -83,17 +83,43 @@ def format_number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(value)
 
 
-def decoy_golds(gold: Any) -> list[str]:
-    """Wrong golds a correct, single-answer completion can never match: gold ± 1 and gold × 100.
+def _value(token: str) -> float | None:
+    token = canonical_number(token)
+    if "/" in token:
+        num, _, den = token.partition("/")
+        try:
+            return float(num) / float(den) if float(den) else None
+        except ValueError:
+            return None
+    try:
+        return float(token)
+    except ValueError:
+        return None
 
-    ± 1 catches neighbourhood spraying ("17 or 18 or 19"); × 100 catches checkers that compare only
-    digits or strip units and percentages. Empty when the gold is not a number (nothing to perturb).
+
+def decoy_golds(gold: Any, completion: str = "", max_offered: int = 3) -> list[str]:
+    """Wrong golds an honest single-answer completion can never match.
+
+    First the other numbers the completion offers in its answer tail (up to ``max_offered``): a
+    checker that pays "72 or 82" for gold 72 *and* for gold 82 pays for a guess list ("72 82",
+    "7282" and "72 or 82 or 83" included). Then gold x 100 (checkers that compare digits only or
+    strip units and percentages), so every paid numeric completion is re-checked against something.
+    Not gold ± 1: a checker with a relative tolerance pays it for an honest answer. Numbers equal to
+    the gold in value are never decoys ("18.0" for 18). Empty when neither the gold nor the tail has
+    a number.
     """
     value = parse_gold_number(gold)
-    if value is None:
-        return []
-    candidates = [value + 1, value - 1, value * 100 if value != 0 else 100.0]
-    return [format_number(c) for c in candidates]
+    gold_text = canonical_number(str(gold).strip()) if gold is not None else ""
+    offered = []
+    for token in tail_numbers(completion):
+        v = _value(token)
+        same = (v is not None and value is not None and abs(v - value) <= 1e-9 * max(1.0, abs(value)))
+        if not same and token != gold_text and token not in offered:
+            offered.append(token)
+    decoys = offered[:max_offered]
+    if value is not None:
+        decoys.append(format_number(value * 100 if value != 0 else 100.0))
+    return list(dict.fromkeys(decoys))
 
 
 # Test tampering among *passing* programs (code tasks). Each pattern is a way to pass a test

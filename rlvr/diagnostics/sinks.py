@@ -84,8 +84,10 @@ class MetricLogger:
         truncate_jsonl(self.path, step)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        # Strict JSON has no NaN/inf: an undefined value is left out of the line (docs/metrics.md).
+        metrics = {k: v for k, v in metrics.items() if not (isinstance(v, float) and not math.isfinite(v))}
         with open(self.path, "a") as f:
-            f.write(json.dumps({"step": step, **metrics}) + "\n")
+            f.write(json.dumps({"step": step, **metrics}, allow_nan=False) + "\n")
         if self._tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):

@@ -16,18 +16,20 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from rlvr.diagnostics.health import health_metrics, no_learning, silent_rewards
 from rlvr.diagnostics.history import history_table, update_history
 from rlvr.diagnostics.monitors import MONITORS, MonitorConfig, MonitorResult, change, run_monitors, series
 from rlvr.diagnostics.record import RECORD_NAME, append_lines, finite, record_header, to_json_line
+from rlvr.diagnostics.roles import ROLES, describe_roles, infer_role
 from rlvr.diagnostics.samples import choose_samples, format_sample
+from rlvr.diagnostics.shadow import (ShadowGrader, call_reward, finite_or_none, gold_column_of, is_strict_builtin,
+                                     paid_but_wrong, timed_grade)
 from rlvr.diagnostics.signals import decoy_golds
-from rlvr.diagnostics.summary import KINDS, group_outcome, loggable, split_groups, summarize_step
+from rlvr.diagnostics.summary import group_outcome, loggable, split_groups, summarize_step
 
 SAMPLES_NAME = "samples.jsonl"
 WARNINGS_NAME = "warnings.jsonl"
 HISTORY_NAME = "prompt_history.json"
-# Columns that commonly hold the gold answer, tried when a checker does not name its own.
-GOLD_COLUMNS = ("answer", "solution", "gold", "target", "ground_truth")
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -42,28 +44,40 @@ def _append_jsonl(path: Path, objects: Sequence[Mapping[str, Any]]) -> None:
         f.writelines(to_json_line(obj) for obj in objects)
 
 
+def sanitize(record: Mapping[str, Any], weights: Mapping[str, float]) -> dict[str, Any]:
+    """A copy with every reward finite or None (NaN and ±inf are "not scorable", as in the trainer's
+    scoring) and the total recomputed from them, so live metrics and the record agree."""
+    out = dict(record)
+    rewards = {k: finite_or_none(v) for k, v in (record.get("rewards") or {}).items()}
+    out["rewards"] = rewards
+    out["reward"] = sum(weights.get(k, 1.0) * v for k, v in rewards.items() if v is not None)
+    return out
+
+
 def decoy_recheck(
     fn: Callable[..., Sequence[float | None]],
     records: Sequence[Mapping[str, Any]],
     reward_name: str,
     budget: int,
+    gold_column: str | None = None,
 ) -> tuple[dict[int, bool], str | None]:
-    """Re-score up to ``budget`` rewarded completions against wrong golds (gold ± 1, gold × 100).
+    """Re-score up to ``budget`` completions that ``reward_name`` paid, against wrong golds (``decoy_golds``:
+    the other numbers a completion offers, gold x 100).
 
     Returns ``{record index: passed a decoy}`` and an error string when the reward function raised
-    (the run goes on: a diagnostic must never stop training). One batched call per step: the cost
-    is at most ``3 · budget`` extra checker evaluations. A completion that a checker rewards for
-    the right gold *and* for a wrong one answers several things at once: it is spraying.
+    (the run goes on: a diagnostic must never stop training). One batched call per step, at most
+    ``4 · budget`` extra evaluations of the function. A completion that a reward pays for the right
+    gold *and* for a wrong one answers several things at once: it is spraying.
     """
-    gold_column = getattr(fn, "gold_column", None)
+    gold_column = getattr(fn, "gold_column", None) or gold_column
     eligible: list[tuple[int, str, list[str]]] = []
     for i, record in enumerate(records):
         score = (record.get("rewards") or {}).get(reward_name)
         if score is None or score <= 0:
             continue
         columns = record.get("columns") or {}
-        column = gold_column if gold_column in columns else next((c for c in GOLD_COLUMNS if c in columns), None)
-        decoys = decoy_golds(columns.get(column)) if column else []
+        column = gold_column_of(columns, gold_column)
+        decoys = decoy_golds(columns.get(column), str(record.get("completion") or "")) if column else []
         if decoys:
             eligible.append((i, column, decoys))
     # One completion per group first, so the budget samples as many prompts as it can.
@@ -75,37 +89,28 @@ def decoy_recheck(
     picked = (first_of_group + rest)[:budget]
     if not picked:
         return {}, None
-    prompts, completions, truncated, columns_out, owners = [], [], [], {}, []
     column_names = sorted({k for i, _, _ in picked for k in (records[i].get("columns") or {})})
-    for name in column_names:
-        columns_out[name] = []
+    prompts, completions, owners = [], [], []
+    columns_out: dict[str, list] = {name: [] for name in column_names + ["truncated"]}
     for i, gold_column_used, decoys in picked:
         record = records[i]
         for decoy in decoys:
             prompts.append(record.get("prompt"))
-            completions.append(record.get("completion"))
-            truncated.append(bool(record.get("truncated")))
+            completions.append(str(record.get("completion") or ""))
             for name in column_names:
                 value = (record.get("columns") or {}).get(name)
                 columns_out[name].append(decoy if name == gold_column_used else value)
+            columns_out["truncated"].append(bool(record.get("truncated")))
             owners.append(i)
     try:
-        scores = list(
-            fn(
-                prompts=prompts,
-                completions=completions,
-                completion_ids=[[] for _ in prompts],
-                truncated=truncated,
-                **columns_out,
-            )
-        )
+        scores = call_reward(fn, prompts, completions, columns_out)
     except Exception as exc:  # noqa: BLE001 - any checker failure is reported, never raised
         return {}, f"{type(exc).__name__}: {exc}"
     if len(scores) != len(prompts):
         return {}, f"returned {len(scores)} scores for {len(prompts)} completions"
     passed: dict[int, bool] = {i: False for i, _, _ in picked}
     for owner, score in zip(owners, scores):
-        if score is not None and not (isinstance(score, float) and math.isnan(score)) and score > 0:
+        if (finite_or_none(score) or 0.0) > 0:
             passed[owner] = True
     return passed, None
 
@@ -114,9 +119,12 @@ class Diagnostics:
     """Group outcomes, length/truncation stats, hacking monitors, samples and the rollout record.
 
     ``run_dir=None`` keeps everything in memory (nothing is written). ``reward_kinds`` maps each
-    reward name to ``"correctness" | "format" | "length" | "other"``; ``reward_funcs`` (optional) lets
-    the correctness checkers be re-run against decoy golds. ``console`` receives warnings and
-    printed samples (default ``print``).
+    reward name to its role (``"correctness" | "format" | "length" | "other"``, docs/diagnostics.md)
+    or ``None`` when none was declared: the role is then inferred from the first step (it needs
+    ``reward_funcs``) and printed. ``reward_funcs`` also lets gold-dependent rewards be re-run against
+    decoy golds. ``shadow`` is the strict grader (``rlvr.diagnostics.shadow``) every completion is
+    graded by; without one, correctness comes from a correctness checker's verdicts or a
+    correctness-role reward. ``console`` receives warnings and printed samples (default ``print``).
     """
 
     def __init__(
@@ -125,55 +133,138 @@ class Diagnostics:
         group_size: int,
         reward_names: list[str],
         reward_weights: list[float],
-        reward_kinds: dict[str, str],
+        reward_kinds: Mapping[str, str | None],
         reward_funcs: dict[str, Callable[..., Any]] | None = None,
         record_rollouts: bool = True,
         samples_per_class: int = 2,
         console: Callable[[str], None] | None = None,
         monitor_config: MonitorConfig | None = None,
-        decoy_budget: int = 4,
+        decoy_budget: int | None = None,
+        shadow: ShadowGrader | None = None,
     ):
         if len(reward_names) != len(reward_weights):
             raise ValueError(
                 f"Diagnostics got {len(reward_names)} reward names but {len(reward_weights)} weights; "
                 "pass one weight per reward function, in the same order."
             )
-        bad = {n: k for n, k in reward_kinds.items() if k not in KINDS}
+        bad = {n: k for n, k in reward_kinds.items() if k is not None and k not in ROLES}
         if bad:
-            raise ValueError(f"unknown reward kind(s) {bad}; valid kinds: {', '.join(KINDS)}.")
+            raise ValueError(f"unknown reward role(s) {bad}; valid roles: {', '.join(ROLES)}.")
         if group_size < 1:
             raise ValueError(f"group_size must be at least 1 (got {group_size}); it is num_generations.")
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.group_size = group_size
+        self.reward_names = list(reward_names)
         self.reward_weights = dict(zip(reward_names, reward_weights))
-        self.reward_kinds = {name: reward_kinds.get(name, "other") for name in reward_names}
-        self.decoy_funcs = {
-            name: fn for name, fn in (reward_funcs or {}).items() if self.reward_kinds.get(name) == "correctness"
-        }
+        self.reward_funcs = dict(reward_funcs or {})
+        self.declared = {name: reward_kinds.get(name) for name in reward_names}
+        self.reward_kinds: dict[str, str] = {n: r or "other" for n, r in self.declared.items()}
+        self.role_reasons: dict[str, str] = {}
+        self.roles_pending = any(r is None for r in self.declared.values())
         self.record_rollouts = record_rollouts
         self.samples_per_class = samples_per_class
         self.console = console or print
         self.cfg = monitor_config or MonitorConfig()
-        self.decoy_budget = decoy_budget
+        self.decoy_budget = self.cfg.decoy_budget if decoy_budget is None else decoy_budget
+        self.shadow = shadow
         self.window: deque[dict[str, Any]] = deque(maxlen=self.cfg.window + self.cfg.persist - 1)
         self.last_warned: dict[str, int] = {}
         self.warning_count: dict[str, int] = {name: 0 for name in MONITORS}
         self.history: dict[str, dict[str, Any]] = {}
         self.decoy_errors = 0
+        self.shadow_errors = 0
         # Decoy verdicts of the last observed step, so samples() of that step can show them.
         self._decoy_step: int | None = None
         self._decoy_flags: dict[tuple[Any, Any], bool] = {}
+        # The record's header names the roles: with roles still to infer it waits for the first step.
+        self._header_written = False
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            if record_rollouts:
-                header = record_header(group_size, reward_names, reward_weights, self.reward_kinds)
-                append_lines(self.run_dir / RECORD_NAME, [header])
+            if not self.roles_pending:
+                self._write_record_header()
+        if not self.roles_pending and self.shadow is not None:
+            self._announce_roles()
+
+    @property
+    def decoy_funcs(self) -> dict[str, Callable[..., Any]]:
+        """Gold-dependent rewards worth a decoy re-check (rlvr's own strict checkers are audited instead)."""
+        return {
+            name: fn for name, fn in self.reward_funcs.items()
+            if self.reward_kinds.get(name) == "correctness" and not is_strict_builtin(fn)
+        }
+
+    def _write_record_header(self) -> None:
+        if self.run_dir is None or not self.record_rollouts or self._header_written:
+            return
+        self._header_written = True
+        header = record_header(self.group_size, self.reward_names, list(self.reward_weights.values()),
+                               self.reward_kinds)
+        header["role_reasons"] = self.role_reasons
+        header["shadow"] = None if self.shadow is None else {"checker": self.shadow.name, "source": self.shadow.source}
+        append_lines(self.run_dir / RECORD_NAME, [header])
+
+    def _announce_roles(self) -> None:
+        shadow = (f"shadow grading with {self.shadow.name} ({self.shadow.source})" if self.shadow is not None
+                  else "no shadow grading (the run's own correctness checker, if any, is the strict grade)")
+        self.console(f"[diagnostics] {describe_roles(self.reward_kinds, self.role_reasons)}; {shadow}")
+
+    def _infer_roles(self, records: list[dict[str, Any]]) -> None:
+        """Roles of the functions that declared none, from this step's completions (once per run)."""
+        gold_column = self.shadow.gold_column if self.shadow is not None else None
+        for name, role in self.declared.items():
+            if role is not None:
+                continue
+            fn = self.reward_funcs.get(name)
+            inferred, why = infer_role(fn, name, records, gold_column) if fn is not None else (
+                "other", "the function was not given to diagnostics")
+            self.reward_kinds[name], self.role_reasons[name] = inferred, why
+        self.roles_pending = False
+        self._announce_roles()
+        if self.run_dir is not None:
+            header_path = self.run_dir / "header.json"
+            if header_path.is_file():
+                try:
+                    header = json.loads(header_path.read_text())
+                    header["reward_roles"] = {"roles": self.reward_kinds, "assumed": self.role_reasons}
+                    write_json_atomic(header_path, header)
+                except (OSError, ValueError):
+                    pass  # a header another writer holds is not worth a failed step
+
+    def _grade(self, records: list[dict[str, Any]], metrics: dict[str, float]) -> None:
+        """Set ``shadow`` and ``correct`` on every record (in place)."""
+        if self.shadow is not None:
+            verdicts, seconds, error = timed_grade(self.shadow, records)
+            metrics["timing/shadow"] = seconds
+            if error is not None:
+                self.shadow_errors += 1
+                if self.shadow_errors == 1:
+                    self.console(f"[diagnostics] shadow grading with {self.shadow.name} failed and is skipped: {error}")
+            for record, verdict in zip(records, verdicts):
+                record["shadow"] = verdict
+                if verdict is not None:
+                    record["correct"] = verdict["correct"]
+        correctness = [n for n, role in self.reward_kinds.items() if role == "correctness"]
+        for record in records:
+            if record.get("shadow") is not None:
+                continue
+            if not correctness:  # a verdict from a format (or other) checker is never "correct"
+                record["correct"] = None
+            elif record.get("correct") is None:
+                values = [(record.get("rewards") or {}).get(n) for n in correctness]
+                known = [v for v in values if v is not None]
+                record["correct"] = any(v > 0 for v in known) if known else None
 
     def observe(self, step: int, records: list[dict[str, Any]]) -> tuple[dict[str, float], list[str]]:
         """Summarise one step, run the monitors, write the record; returns (metrics, new warnings)."""
-        records = [dict(r) for r in records]
+        records = [sanitize(r, self.reward_weights) for r in records]
+        metrics: dict[str, float] = {}
+        if self.roles_pending:
+            self._infer_roles(records)
+        self._write_record_header()  # once per start, now that the roles are known
+        self._grade(records, metrics)
         for name, fn in self.decoy_funcs.items():
-            passed, error = decoy_recheck(fn, records, name, self.decoy_budget)
+            passed, error = decoy_recheck(fn, records, name, self.decoy_budget,
+                                          self.shadow.gold_column if self.shadow is not None else None)
             if error is not None:
                 self.decoy_errors += 1
                 if self.decoy_errors == 1:  # say it once; the count is logged every step
@@ -192,8 +283,9 @@ class Diagnostics:
         flipped = update_history(self.history, step, outcomes)
         self.window.append(summary)
 
-        metrics = loggable(summary)
+        metrics.update(loggable(summary))
         del metrics["step"]  # the trainer logs the step itself
+        metrics.update(paid_but_wrong(records, self.reward_names))
         metrics.update(history_table(self.history))
         if seen_before:
             metrics["groups/prompt_flips"] = flipped / seen_before
@@ -203,20 +295,27 @@ class Diagnostics:
             metrics["lengths/ratio_trend"] = change(ratio) / span if span else 0.0
         if self.decoy_funcs:
             metrics["hacking/decoy_errors"] = float(self.decoy_errors)
+        metrics.update(health_metrics(list(self.window), self.cfg.no_signal_steps))
 
         warnings: list[str] = []
-        warned: list[MonitorResult] = []
+        warned: list[dict[str, Any]] = []
         for result in run_monitors(list(self.window), self.cfg):
             if result.value is not None:
                 metrics[f"hacking/{result.name}"] = float(result.value)
             metrics[f"hacking/{result.name}/fired"] = float(result.fired)
-            last = self.last_warned.get(result.name)
-            if result.fired and (last is None or step - last >= self.cfg.window):
-                self.last_warned[result.name] = step
+            if result.fired and self._cooled(result.name, step):
                 self.warning_count[result.name] += 1
                 warnings.append(result.message or result.name)
-                warned.append(result)
+                warned.append({"step": step, "monitor": result.name, "value": result.value, "message": result.message})
         metrics["hacking/warnings"] = float(sum(self.warning_count.values()))
+        for reason in no_learning(list(self.window), self.cfg.no_signal_steps):
+            if self._cooled("cannot_learn:" + reason[:40], step):
+                warnings.append(f"THIS RUN CANNOT LEARN: {reason}")
+                warned.append({"step": step, "monitor": "cannot_learn", "value": None, "message": reason})
+        for name, reason in silent_rewards(list(self.window), self.cfg.window):
+            if self._cooled("silent:" + name, step):
+                warnings.append(reason)
+                warned.append({"step": step, "monitor": "silent_reward", "value": None, "message": reason})
         for message in warnings:
             self.console(f"[diagnostics] step {step}: WARNING {message}")
 
@@ -224,12 +323,17 @@ class Diagnostics:
             if self.record_rollouts:
                 append_lines(self.run_dir / RECORD_NAME, records)
             if warned:
-                _append_jsonl(
-                    self.run_dir / WARNINGS_NAME,
-                    [{"step": step, "monitor": r.name, "value": r.value, "message": r.message} for r in warned],
-                )
+                _append_jsonl(self.run_dir / WARNINGS_NAME, warned)
             write_json_atomic(self.run_dir / HISTORY_NAME, {"step": step, "prompts": self.history})
         return metrics, warnings
+
+    def _cooled(self, key: str, step: int) -> bool:
+        """True (and noted) when ``key`` last warned at least a window ago: one warning per window."""
+        last = self.last_warned.get(key)
+        if last is not None and step - last < self.cfg.window:
+            return False
+        self.last_warned[key] = step
+        return True
 
     def samples(self, step: int, records: list[dict[str, Any]], echo: bool = True) -> list[dict[str, Any]]:
         """Best, worst and truncated completions of the step; printed and appended to samples.jsonl."""
@@ -259,6 +363,8 @@ class Diagnostics:
                 "warning_count": self.warning_count,
                 "history": self.history,
                 "decoy_errors": self.decoy_errors,
+                "shadow_errors": self.shadow_errors,
+                "roles": None if self.roles_pending else {"roles": self.reward_kinds, "assumed": self.role_reasons},
             }
         )
 
@@ -273,6 +379,11 @@ class Diagnostics:
         self.warning_count = {name: int(state["warning_count"].get(name, 0)) for name in MONITORS}
         self.history = {k: dict(v) for k, v in state["history"].items()}
         self.decoy_errors = int(state.get("decoy_errors", 0))
+        self.shadow_errors = int(state.get("shadow_errors", 0))
+        if state.get("roles"):  # the roles the interrupted run assumed, not a fresh guess
+            self.reward_kinds = dict(state["roles"]["roles"])
+            self.role_reasons = dict(state["roles"]["assumed"])
+            self.roles_pending = False  # the header (written at the next step) carries them
 
     def close(self) -> None:
         """Nothing is held open between steps (each write opens and closes its file); kept for symmetry."""

@@ -11,7 +11,7 @@ dotted import path ``package.module:function``. This module:
 - counts a *raising* function and scores that batch's completions ``None`` for it, so one flaky
   function never kills a long run (docs/architecture.md); ``None`` means "not scorable" and is ignored
   by the advantage computation, exactly as in TRL;
-- turns NaN into ``None`` with a counted warning (NaN would poison the group mean).
+- turns NaN and ±inf into ``None`` with a counted warning (they would poison the group mean).
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def score(
                 vs = _call(rf.fn.verdicts, prompts, completions, completion_ids, columns)
                 _check_length(rf.name, vs, n)
                 values = [v.reward for v in vs]
-                if not have_verdicts:
+                if not have_verdicts and rf.kind == "correctness":  # a format checker's verdict is not "correct"
                     result.verdicts = list(vs)
                     have_verdicts = True
             else:
@@ -161,7 +161,7 @@ def score(
                         f"reward function {rf.name!r} returned {type(v).__name__} {v!r} for completion {i}; "
                         "it must return a list of floats or None"
                     ) from None
-            if math.isnan(v):
+            if not math.isfinite(v):  # inf would poison the group mean like NaN: not scorable
                 result.nan_count[rf.name] = result.nan_count.get(rf.name, 0) + 1
                 continue
             rewards_NK[i, j] = float(v)

@@ -50,6 +50,8 @@ class Policy:
     format_weight: float = 0.2
     lenient_checker: bool = False  # "any number in the tail equals the gold": sprays pass
     truncated_rewarded: bool = False  # a checker that forgets the truncated column
+    spray_style: str = "four"  # "four": g-1 or g or g+1 or g+2; "two": "g g+10"; "concat": "gg+10"; "three"
+    checker: Callable | None = None  # overrides the strict / lenient choice
 
 
 def lenient_numbers_checker(prompts, completions, completion_ids, answer, **columns):
@@ -62,6 +64,24 @@ def lenient_numbers_checker(prompts, completions, completion_ids, answer, **colu
 
 
 lenient_numbers_checker.gold_column = "answer"
+
+
+def answer_in_tail(prompts, completions, completion_ids=None, answer=None, **columns):
+    """Lenient the way a substring test is: reward 1 if the gold's digits appear at the end."""
+    return [1.0 if str(gold) in text[-40:] else 0.0 for text, gold in zip(completions, answer)]
+
+
+def has_think(prompts, completions, completion_ids=None, **columns):
+    """A format reward as users write it: 1 when the completion opens with a think block."""
+    return [1.0 if text.startswith("<think>") else 0.0 for text in completions]
+
+
+SPRAYS = {
+    "four": lambda g: f"Let me think. The answer is {g - 1} or {g} or {g + 1} or {g + 2}",
+    "two": lambda g: f"Let me think. The answer is {g} {g + 10}",
+    "concat": lambda g: f"Let me think. The answer is {g}{g + 10}",
+    "three": lambda g: f"Let me think. The answer is {g} or {g + 10} or {g + 11}",
+}
 
 
 def strict_checker(prompts, completions, completion_ids, answer, **columns):
@@ -114,7 +134,7 @@ def make_step(
                     body = "import sys\ndef solve():\n    sys.exit(0)\n"
                 text = f"```python\n{body}```\nThe answer is {gold if correct else wrong}"
             elif sprayed:
-                text = f"Let me think. The answer is {gold - 1} or {gold} or {gold + 1} or {gold + 2}"
+                text = SPRAYS[policy.spray_style](gold)
             elif truncated:
                 text = "Let me think step by step. " * 20 + f"{gold - 4} + 4 = {gold}"
             else:
@@ -122,7 +142,7 @@ def make_step(
             if formatted:
                 text = "<think>...</think>" + text
             group.append((text, n_tokens, truncated, formatted, correct or sprayed))
-        checker = lenient_numbers_checker if policy.lenient_checker else strict_checker
+        checker = policy.checker or (lenient_numbers_checker if policy.lenient_checker else strict_checker)
         texts = [t for t, *_ in group]
         scores = checker([""] * G, texts, [[]] * G, answer=[str(gold)] * G)
         for g, ((text, n_tokens, truncated, formatted, _), score) in enumerate(zip(group, scores)):
@@ -161,22 +181,43 @@ REWARD_NAMES = ["correct", "format"]
 REWARD_KINDS = {"correct": "correctness", "format": "format"}
 
 
-def run_policy(policy: Policy, steps: int, seed: int = 0, run_dir=None, reward_funcs=None, **kwargs):
-    """Feed ``steps`` synthetic steps through a ``Diagnostics``; returns (diag, [(step, metrics, warnings)])."""
+def plain_functions(policy: Policy) -> dict[str, Callable]:
+    """The policy's rewards as the plain functions a user would pass (no roles declared)."""
+    checker = policy.checker or (lenient_numbers_checker if policy.lenient_checker else strict_checker)
+    return {"correct": checker, "format": has_think}
+
+
+def strict_shadow():
+    """rlvr's math checker as the shadow grader of the synthetic texts ("... The answer is N")."""
+    from rlvr.diagnostics.shadow import ShadowGrader
+    from rlvr.rewards.mathcheck import MathReward
+
+    return ShadowGrader(MathReward(), "answer", "gold column 'answer'")
+
+
+def run_policy(policy: Policy, steps: int, seed: int = 0, run_dir=None, reward_funcs=None, plain: bool = False,
+               **kwargs):
+    """Feed ``steps`` synthetic steps through a ``Diagnostics``; returns (diag, [(step, metrics, warnings)]).
+
+    ``plain=True`` is a user's run: plain functions, no roles declared (inferred from the first step),
+    and the math checker shadow-grading every completion."""
     from rlvr.diagnostics import Diagnostics
 
     rng = random.Random(seed)
     messages: list[str] = []
+    if plain:
+        kwargs.setdefault("shadow", strict_shadow())
     diag = Diagnostics(
         run_dir,
         group_size=8,
         reward_names=REWARD_NAMES,
         reward_weights=[1.0, policy.format_weight],
-        reward_kinds=REWARD_KINDS,
-        reward_funcs=reward_funcs,
+        reward_kinds={name: None for name in REWARD_NAMES} if plain else REWARD_KINDS,
+        reward_funcs=plain_functions(policy) if plain else reward_funcs,
         console=messages.append,
         **kwargs,
     )
+    diag.messages = messages
     out = []
     for step in range(steps):
         records = make_step(policy, step, rng)

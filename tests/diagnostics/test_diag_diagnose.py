@@ -40,7 +40,7 @@ def test_spraying_detected_offline_from_stored_decoy_verdicts(tmp_path):
     )
     result = analyse_record(tmp_path)
     assert result["fired"] and result["monitors"]["answer_spraying"]["first_fired"] is not None
-    assert "decoy re-checks" in result["warnings"][0]["message"]
+    assert "re-checked" in result["warnings"][0]["message"]
 
 
 def test_group_table_and_sources(tmp_path):

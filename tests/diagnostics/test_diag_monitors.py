@@ -121,7 +121,7 @@ def test_decoy_recheck_flags_lenient_checker():
     _, trace = run_policy(policy, 20, seed=1, reward_funcs=checker_for(policy))
     before = [m.get("hacking/decoy_pass_rate") for s, m, _ in trace if s < ONSET]
     after = [m.get("hacking/decoy_pass_rate") for s, m, _ in trace if s >= ONSET + 2]
-    # Honest answers never pass gold +- 1 or gold x 100; sprays ("g-1 or g or g+1 or g+2") pass gold + 1.
+    # Honest answers never pass a decoy; sprays ("g-1 or g or g+1 or g+2") pass the numbers they offer.
     assert all(v == 0.0 for v in before if v is not None)
     assert max(v for v in after if v is not None) > 0.3
 

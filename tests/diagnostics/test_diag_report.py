@@ -107,3 +107,51 @@ def test_report_from_a_bare_record(tmp_path):
     assert 'id="fig-groups"' in page and 'id="fig-lengths"' in page and 'id="fig-truncation"' in page
     assert 'id="fig-reward"' not in page  # the trainer's reward curve is not in the record's summaries
     assert '<div class="v">11</div><div class="k">last step</div>' in page  # steps 0..11
+
+
+def figures_of(table, monkeypatch):
+    """build_panels with the PNG step skipped: (stem, matplotlib Figure) pairs to inspect."""
+    from rlvr.diagnostics import report as report_module
+
+    monkeypatch.setattr(report_module, "_png", lambda fig: fig)
+    return {stem: fig for stem, _, fig in report_module.build_panels(table, [])}
+
+
+def test_one_step_run_has_no_empty_chart(tmp_path, monkeypatch):
+    from rlvr.diagnostics.report import metric_table
+
+    write_fake_run(tmp_path, steps=1, eval_every=1)
+    figures = figures_of(metric_table(tmp_path), monkeypatch)
+    assert figures
+    for stem, fig in figures.items():
+        ax = fig.axes[0]
+        visible = [p for p in ax.patches if p.get_height() > 0] + [ln for ln in ax.lines if len(ln.get_xdata())]
+        assert visible, f"panel {stem} draws nothing on a one-step run"
+    assert figures["groups"].axes[0].patches  # stacked bars, not a zero-width area
+
+
+def test_monitor_chart_draws_each_threshold_and_eval_is_points(tmp_path, monkeypatch):
+    from rlvr.diagnostics.monitors import MonitorConfig, thresholds
+    from rlvr.diagnostics.report import metric_table
+
+    write_fake_run(tmp_path, HACKING_POLICIES["answer_spraying"](), steps=20)
+    figures = figures_of(metric_table(tmp_path), monkeypatch)
+    ax = figures["hacking"].axes[0]
+    drawn = [ln for ln in ax.lines if not ln.get_label().endswith("threshold") and ln.get_linestyle() == "-"]
+    limits = [ln for ln in ax.lines if ln.get_label().endswith("threshold")]
+    assert len(limits) == len(drawn) >= 1
+    for line in limits:
+        name = line.get_label().removesuffix(" threshold")
+        assert set(line.get_ydata()) == {thresholds(MonitorConfig())[name]}
+        assert line.get_color() == next(d.get_color() for d in drawn if d.get_label() == name)
+    eval_lines = figures["eval"].axes[0].lines
+    assert eval_lines and all(ln.get_linestyle() == "None" for ln in eval_lines)  # points, no trend line
+
+
+def test_the_same_sample_is_shown_once(tmp_path):
+    write_fake_run(tmp_path, steps=5)
+    samples = (tmp_path / "samples.jsonl").read_text().splitlines()
+    with open(tmp_path / "samples.jsonl", "a") as f:  # a resumed run logs the same step again
+        f.writelines(line + "\n" for line in samples)
+    page = write_report(tmp_path).read_text()
+    assert page.count('<details class="sample"') == len(samples)

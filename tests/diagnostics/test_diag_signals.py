@@ -37,12 +37,18 @@ def test_multi_answer_uses_checker_count_first():
 
 
 def test_decoy_golds():
-    assert decoy_golds("18") == ["19", "17", "1800"]
-    assert decoy_golds("1,234") == ["1235", "1233", "123400"]
-    assert decoy_golds("0") == ["1", "-1", "100"]  # 0 x 100 is still 0: use 100 instead
-    assert decoy_golds("2.5") == ["3.5", "1.5", "250"]
+    assert decoy_golds("18") == ["1800"]
+    assert decoy_golds("1,234") == ["123400"]
+    assert decoy_golds("0") == ["100"]  # 0 x 100 is still 0: use 100 instead
+    assert decoy_golds("2.5") == ["250"]
     assert decoy_golds("\\frac{1}{2}") == []
     assert decoy_golds(None) == []
+    # The other numbers a completion offers come first: short sprays are re-checked against them.
+    assert decoy_golds("72", "72 82") == ["82", "7200"]
+    assert decoy_golds("72", "7282") == ["7282", "7200"]
+    assert decoy_golds("72", "72 or 82 or 83") == ["82", "83", "7200"]
+    assert decoy_golds("18", "The answer is 18.0") == ["1800"]  # the gold in another form is no decoy
+    assert decoy_golds("x", "The answer is 3 or x") == ["3"]  # a non-numeric gold: only what is offered
 
 
 def test_tamper_signals_on_programs():

@@ -72,7 +72,7 @@ def test_format_share(three_groups):
     s = summarize_step(three_groups, 4, WEIGHTS, KINDS)
     # correctness: 1.0 x mean 6/12 = 0.5; format: 0.5 x mean 8/12 = 1/3; share = (1/3) / (0.5 + 1/3) = 0.4.
     assert s["hacking/format_share"] == pytest.approx(0.4)
-    assert s["hacking/spray_rate"] == 0.0
+    assert s["hacking/spray_rate"] is None  # no completion was decoy re-checked
     assert s["hacking/tamper_rate"] is None  # no programs
 
 

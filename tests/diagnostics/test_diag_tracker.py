@@ -69,10 +69,15 @@ def test_decoy_recheck_budget_and_golds():
     passed, error = decoy_recheck(fn, records, "correct", budget=3)
     assert error is None and len(fn.calls) == 1  # one batched call per step
     completions, columns = fn.calls[0]
-    assert len(completions) == 9  # 3 completions x (gold + 1, gold - 1, gold x 100)
+    # 3 completions x (the other numbers each offers, gold x 100)
+    from rlvr.diagnostics.signals import decoy_golds
+
+    expected = [d for i in passed for d in decoy_golds(records[i]["columns"]["answer"], records[i]["completion"])]
+    assert len(completions) == len(expected) and columns["answer"] == expected
     first = next(i for i in passed)
     gold = int(records[first]["columns"]["answer"])
-    assert columns["answer"][:3] == [str(gold + 1), str(gold - 1), str(gold * 100)]
+    first_decoys = decoy_golds(str(gold), records[first]["completion"])
+    assert first_decoys[-1] == str(gold * 100) and str(gold) not in first_decoys
     assert len({records[i]["group"] for i in passed}) == 3  # spread over groups first
     # Only rewarded completions are re-checked.
     assert all(records[i]["rewards"]["correct"] > 0 for i in passed)
@@ -207,7 +212,7 @@ def test_prompt_history_counts_flips():
 def test_bad_configuration_is_a_clear_error():
     with pytest.raises(ValueError, match="weights"):
         Diagnostics(None, 8, ["a", "b"], [1.0], {})
-    with pytest.raises(ValueError, match="valid kinds"):
+    with pytest.raises(ValueError, match="valid roles"):
         Diagnostics(None, 8, ["a"], [1.0], {"a": "corectness"})
 
 

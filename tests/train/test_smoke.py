@@ -74,7 +74,8 @@ def test_every_logged_key_is_documented(tiny_model_dir, sum_dataset, tmp_path):
     # Per-function, per-source, per-bucket and per-monitor keys are documented by pattern.
     monitors = r"(answer_spraying|format_farming|length_inflation|truncation_gaming|test_tampering)"
     patterns = [(r"^rewards/[^/]+/", "rewards/<name>/"), (r"^groups/sums/.*", "groups/<source>/{all_fail,mixed,all_pass}"),
-                (r"/\d+$", "/<k>"), (rf"^hacking/{monitors}", "hacking/<m>")]
+                (r"/\d+$", "/<k>"), (rf"^hacking/{monitors}", "hacking/<m>"),
+                (r"^shadow/(?!accuracy$|graded$)[^/]+/", "shadow/<name>/")]
 
     def documented_as(key: str) -> str:
         for pat, repl in patterns:
