@@ -94,6 +94,17 @@ class PackedBatch:
         )
 
 
+@dataclass
+class LogProbs:
+    """What the log-prob phase hands the update: per-token tensors over the whole generation batch."""
+
+    old_NT: torch.Tensor | None  # sampling-time policy; None when the ratio is exactly 1 (no pass needed)
+    ref_NT: torch.Tensor | None  # frozen reference; None when beta = 0
+    loss_mask_NT: torch.Tensor  # completion tokens that carry loss (truncated rows out with DAPO's overlong filter)
+    sampler_weight_NT: torch.Tensor | None  # truncated importance weights pi_old / pi_sampler, or None
+    sampler_metrics: dict[str, torch.Tensor]
+
+
 def pack(rollouts: Rollouts, pad_token_id: int, device: torch.device) -> PackedBatch:
     g = rollouts.group_size
     prompts = [rollouts.prompt_ids[i // g] for i in range(len(rollouts))]

@@ -22,12 +22,15 @@ from typing import Any
 import torch
 
 from rlvr import core, distributed
-from rlvr.batch import PackedBatch, Rollouts, batch_metrics, completion_records, pack
+from rlvr.batch import LogProbs, PackedBatch, Rollouts, batch_metrics, completion_records, pack
 from rlvr.builders import (build_engine, build_loss_settings, build_optimizer, build_scheduler, load_model,
                            load_tokenizer)
 from rlvr.checkpoint import resume_run, save_run
 from rlvr.config import Config
 from rlvr.console import Console
+from rlvr.diagnostics import Diagnostics
+from rlvr.diagnostics.roles import declared_roles
+from rlvr.diagnostics.shadow import shadow_grader_for
 from rlvr.diagnostics.sinks import MetricLogger, PhaseTimer, write_run_header
 from rlvr.dynamic_sampling import GroupFilter
 from rlvr.evaluate import evaluate
@@ -64,17 +67,6 @@ class Run:
     generation: int = 0  # generation batches sampled (seeds sampling: resumable)
     engine_version: int = 0  # optimizer step whose weights the engine holds (stale samplers lag)
     reward_errors: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class LogProbs:
-    """What the log-prob phase hands the update: per-token tensors over the whole generation batch."""
-
-    old_NT: torch.Tensor | None  # sampling-time policy; None when the ratio is exactly 1 (no pass needed)
-    ref_NT: torch.Tensor | None  # frozen reference; None when beta = 0
-    loss_mask_NT: torch.Tensor  # completion tokens that carry loss (truncated rows out with DAPO's overlong filter)
-    sampler_weight_NT: torch.Tensor | None  # truncated importance weights pi_old / pi_sampler, or None
-    sampler_metrics: dict[str, torch.Tensor]
 
 
 # ------------------------------------------------------------------------------------ phases
@@ -297,10 +289,6 @@ def log(run: Run, batch: Rollouts, adv_N: torch.Tensor, step_metrics: list[dict[
 
 
 def setup(cfg: Config, console: Console | None = None) -> Run:
-    from rlvr.diagnostics import Diagnostics
-    from rlvr.diagnostics.roles import declared_roles
-    from rlvr.diagnostics.shadow import shadow_grader_for
-
     dist, device = distributed.init()
     console = console or Console(enabled=cfg.log.progress and dist.is_main)
     run_dir = Path(cfg.log.output_dir)
