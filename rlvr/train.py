@@ -30,7 +30,7 @@ import torch
 
 from rlvr import core, distributed
 from rlvr.batch import PackedBatch, Rollouts, batch_metrics, completion_records, pack
-from rlvr.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlvr.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_final
 from rlvr.components import (MetricLogger, PhaseTimer, build_optimizer, build_scheduler, load_model,
                              load_tokenizer, write_run_header)
 from rlvr.config import Config
@@ -225,12 +225,12 @@ def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, old_NT: torch.Ten
 
 
 def sync(run: Run) -> None:
-    """Hand new weights to an engine that keeps its own copy (vLLM); live engines need nothing. A stale
-    server (``policy_lag`` attribute) only counts the step, or reloads an export every k steps."""
-    if not run.engine.samples_live_policy:
-        run.engine.load_weights((n, p.detach()) for n, p in run.model.named_parameters())
-        if getattr(run.engine, "policy_lag", 0) > 0:
-            return  # the engine still serves older weights: engine_version stays where it was
+    """Hand new weights to an engine that keeps its own copy (vLLM; a sharded policy's gathered copy, on
+    every rank); an engine that is the live policy ignores them. A stale server (``policy_lag``
+    attribute) only counts the step, or reloads an export every k steps."""
+    run.engine.load_weights((n, p.detach()) for n, p in run.model.named_parameters())
+    if getattr(run.engine, "policy_lag", 0) > 0:
+        return  # the engine still serves older weights: engine_version stays where it was
     run.engine_version = run.step
 
 
@@ -290,7 +290,8 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
     if cfg.rollout.backend == "openai":  # policy exports for a reloading server live in the run folder
         engine_options.setdefault("export_dir", str(run_dir / "policy-exports"))
         Path(engine_options["export_dir"]).mkdir(parents=True, exist_ok=True)
-    engine = make_engine(cfg.rollout.backend, model, tokenizer, **engine_options)
+    engine = distributed.rollout_engine(model, lambda m: make_engine(cfg.rollout.backend, m, tokenizer, **engine_options),
+                                        d, cfg.train.parallelism)
     if not getattr(engine, "receives_weights", True) and not cfg.rollout.allow_stale_sampler:
         raise ValueError(
             f"rollout backend {cfg.rollout.backend!r} cannot receive new weights, so it would sample from a "
@@ -298,7 +299,8 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
             "and corrected by importance sampling), or use a backend that takes weights (native, hf, vllm).")
     reward_fns = load_reward_functions(reward_specs(cfg))
     stream = PromptStream(cfg, d.rank, d.world)
-    policy = distributed.wrap(model, d, device)
+    policy = distributed.wrap(model, d, device, cfg.train.parallelism, cfg.train.fsdp_cpu_offload)
+    ref_model = distributed.wrap_reference(ref_model, d, device, cfg.train.parallelism)
     optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg, optimizer)
     diagnostics = Diagnostics(run_dir if d.is_main else None, cfg.rollout.num_generations, [rf.name for rf in reward_fns],
@@ -410,13 +412,8 @@ def train(cfg: Config, console: Console | None = None, on_generation: Callable[[
         if on_generation is not None:
             on_generation(run)
     after = run_eval(run, "after") if cfg.log.eval_before_after else {}
-    digests = distributed.check_in_sync(run.model, run.dist)  # one gather of a hash; raises if ranks diverged
+    save_final(run.run_dir / "final", run.model, run.tokenizer, run.dist)  # every rank: FSDP gathers the weights
     if run.dist.is_main:
-        final_dir = run.run_dir / "final"
-        run.model.save_pretrained(final_dir)
-        run.tokenizer.save_pretrained(final_dir)
-        if run.dist.enabled:  # per-rank weight digests: the proof that every rank ended on these weights
-            (final_dir / "rank-digests.json").write_text(json.dumps(digests))
         run.diagnostics.close()
         run.logger.close()
     run.engine.close()

@@ -1,0 +1,217 @@
+"""FSDP2 (train.parallelism=fsdp) on 2 gloo ranks: same numbers as 1 process and as DDP, reshardable
+checkpoints (kill -9, then resume at 2 ranks, at 1, under DDP), and two "nodes" over loopback.
+
+Every run is torchrun over this directory's test_distributed.py entry point (the CLI with per-prompt
+seeded sampling), so a prompt's completions are the same whatever the layout: the 2-rank and 1-process
+runs then train on the same data, and their weights can be compared.
+
+Tolerance for layouts that differ (2 ranks vs 1 process, FSDP vs DDP): the same float32 arithmetic summed
+in another order (per-rank partial sums, all-reduce / reduce-scatter vs one backward over all rows).
+The worst-case relative error of a float32 sum of n terms is (n - 1)·2^-24 of the sum of magnitudes;
+the largest reductions here (a gradient element over the 64 completions x 7 positions of a step, times
+the hidden size 32 of the matmul inside) have n < 2^15, so each step's update can move by at most
+2^-9 ≈ 2e-3 of itself, and the end weights by that fraction of how far they moved. A real mistake
+(a gradient not averaged, a rank's rows counted twice, the reference model or LoRA mixed up) is an
+error of the order of the update itself, 500x above that bound. The measured differences are ~1e-6 of it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_distributed import descendants, finish
+from test_smoke import read_jsonl, smoke_overrides
+
+HERE = Path(__file__).parent
+REORDER_BOUND = 2.0 ** -9  # see the module docstring
+
+
+def launch(args: list[str], nproc: int = 2, rdzv: list[str] | None = None) -> subprocess.Popen:
+    # One thread per rank, CUDA hidden (gloo on any machine), gloo's sockets on loopback only.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "GLOO_SOCKET_IFNAME": "lo",
+           "PYTHONPATH": os.pathsep.join([str(HERE), os.getcwd()])}
+    cmd = [sys.executable, "-m", "torch.distributed.run", *(rdzv or ["--standalone"]), f"--nproc_per_node={nproc}",
+           str(HERE / "test_distributed.py"), "train", *args]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def run(args: list[str], nproc: int = 2) -> None:
+    finish(launch(args, nproc), timeout=300)
+
+
+def common(model_dir: Path, data: Path, out: Path, *extra: str) -> list[str]:
+    # adam_epsilon=1 makes AdamW's update ~ -lr * g (not sign(g)), so a gradient off by a factor shows;
+    # a constant schedule so a run resumed with another max_steps has the same learning rates.
+    return smoke_overrides(model_dir, data, out, "rewards=[{name: 'test_distributed:digit_reward'}]",
+                           "algo.loss_type=dapo", "algo.scale_rewards=batch", "algo.mask_truncated_completions=false",
+                           "data.shuffle=false", "train.lr_scheduler_type=constant", "train.adam_epsilon=1.0",
+                           "train.learning_rate=0.1", "train.weight_decay=0.0", "train.max_grad_norm=1e9", *extra)
+
+
+def final(out: Path) -> dict[str, torch.Tensor]:
+    name = "adapter_model.safetensors" if (out / "final" / "adapter_model.safetensors").exists() else "model.safetensors"
+    return load_file(str(out / "final" / name))
+
+
+def rollouts(out: Path) -> Counter:
+    with gzip.open(out / "rollouts.jsonl.gz", "rt") as f:
+        recs = [json.loads(line) for line in f][1:]  # the first line is the record's header
+    return Counter((r["step"], r["prompt"], r["completion"], r["reward"]) for r in recs)
+
+
+def assert_close(got: dict, ref: dict, init: dict, what: str) -> None:
+    assert got.keys() == ref.keys()
+    moved = max((ref[k] - init[k]).abs().max().item() for k in ref if k in init)
+    diff = max((got[k] - ref[k]).abs().max().item() for k in ref)
+    assert moved > 1e-4, f"{what}: the run moved the weights too little ({moved:.1e}) for the comparison to mean anything"
+    print(f"{what}: weights differ by {diff:.2e} = {diff / moved:.1e} of the update ({moved:.2e})")
+    assert diff <= REORDER_BOUND * moved, f"{what}: weights differ by {diff:.2e}, the update was {moved:.2e}"
+
+
+# ------------------------------------------------------------------ equal to one process and to DDP
+
+# 4 optimizer steps from one generation batch: GA 2 micro-batches per step, 4 per generation batch,
+# each reused twice (num_iterations=2: an old-logprob pass and ratios != 1). Per rank 4 x 8 completions
+# = 8 prompts; the single process takes the same 16 prompts as 4 x 16 completions, and each of its
+# optimizer steps sees exactly the prompts the two ranks' step sees (rank r holds rows r, r+2, ...).
+EQUIV = ["train.max_steps=4", "train.gradient_accumulation_steps=2", "train.steps_per_generation=4",
+         "algo.num_iterations=2", "log.save_steps=100"]
+
+
+@pytest.mark.parametrize("variant", [
+    pytest.param(["algo.beta=0.1"], id="full-beta"),  # the reference model sharded too
+    pytest.param(["model.lora.enabled=true", "model.lora.r=4", "algo.beta=0.1", "train.learning_rate=0.5"],
+                 id="lora-beta"),  # reference = the adapter switched off, under FSDP
+])
+def test_fsdp_on_two_ranks_equals_one_process_and_ddp(tiny_model_dir, sum_dataset, tmp_path, variant):
+    outs = {k: tmp_path / k for k in ("fsdp", "ddp", "one")}
+    run(common(tiny_model_dir, sum_dataset, outs["fsdp"], *EQUIV, *variant, "train.parallelism=fsdp",
+               "train.per_device_train_batch_size=8"))
+    run(common(tiny_model_dir, sum_dataset, outs["one"], *EQUIV, *variant, "train.per_device_train_batch_size=16"),
+        nproc=1)
+    assert rollouts(outs["fsdp"]) == rollouts(outs["one"])  # the same prompts, completions and rewards
+    lora = "model.lora.enabled=true" in variant
+    init = {} if lora else load_file(str(tiny_model_dir / "model.safetensors"))
+    if lora:  # LoRA B starts at 0: compare against zeros, i.e. how far the adapter moved
+        init = {k: torch.zeros_like(v) for k, v in final(outs["one"]).items()}
+    assert_close(final(outs["fsdp"]), final(outs["one"]), init, "FSDP x2 vs 1 process")
+    m_f, m_1 = read_jsonl(outs["fsdp"] / "metrics.jsonl"), read_jsonl(outs["one"] / "metrics.jsonl")
+    assert [m["step"] for m in m_f] == [4] == [m["step"] for m in m_1]  # one line per generation batch
+    assert m_f[-1]["grad_norm"] == pytest.approx(m_1[-1]["grad_norm"], rel=REORDER_BOUND)
+    assert m_f[-1]["kl"] > 0  # the KL term is live: the policy moved away from its reference
+    if not lora:  # and DDP, the same layout with replicated weights
+        run(common(tiny_model_dir, sum_dataset, outs["ddp"], *EQUIV, *variant, "train.per_device_train_batch_size=8"))
+        assert_close(final(outs["fsdp"]), final(outs["ddp"]), init, "FSDP x2 vs DDP x2")
+        # The FSDP checkpoint folder holds each rank's shard files, not a replicated copy.
+        assert not (outs["fsdp"] / "final" / "rank-digests.json").exists()
+
+
+# ------------------------------------------------------------------ reshardable checkpoints
+
+STEPS = ["train.max_steps=4", "log.save_steps=1", "log.save_total_limit=4"]
+
+
+def per_rank(world: int) -> str:
+    return f"train.per_device_train_batch_size={16 // world}"  # the same 4 prompts per step at any world size
+
+
+@pytest.fixture(scope="module")
+def fsdp_reference(tiny_model_dir, tmp_path_factory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("fsdp")
+    data = tmp / "sums.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
+                            for a in range(10) for b in range(3)))
+    run(common(tiny_model_dir, data, tmp / "ref", *STEPS, per_rank(2), "train.parallelism=fsdp"))
+    return data, tmp / "ref"
+
+
+def kill_after(proc: subprocess.Popen, ckpt: Path) -> None:
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not ckpt.exists():
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run finished before it could be killed; make it longer"
+    for pid in [proc.pid, *descendants(proc.pid)]:  # the launcher and both ranks, at once, mid-run
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.communicate()
+
+
+def test_killed_fsdp_run_resumes_bitwise_and_reshards(tiny_model_dir, fsdp_reference, tmp_path):
+    data, ref_out = fsdp_reference
+    init = load_file(str(tiny_model_dir / "model.safetensors"))
+    ref = final(ref_out)
+    killed = tmp_path / "killed"
+    args = common(tiny_model_dir, data, killed, *STEPS, per_rank(2), "train.parallelism=fsdp")
+    kill_after(launch(args), killed / "checkpoints" / "step-000002")
+    assert not (killed / "final").exists()
+    step2 = tmp_path / "step-000002"  # the resumes below must not see the checkpoints that come after it
+    shutil.copytree(killed / "checkpoints" / "step-000002", step2)
+
+    # Same world size: bitwise the uninterrupted run.
+    run(args + ["resume=true"])
+    got = final(killed)
+    assert not [k for k in ref if not torch.equal(ref[k], got[k])], "FSDP resume is not bitwise"
+    assert [m["step"] for m in read_jsonl(killed / "metrics.jsonl")] == [1, 2, 3, 4]
+
+    # 2 -> 1 process: weights and AdamW state regathered; the same prompts at steps 3 and 4.
+    one = tmp_path / "one"
+    run(common(tiny_model_dir, data, one, *STEPS, per_rank(1), f"resume={step2}"), nproc=1)
+    assert_close(final(one), ref, init, "2 FSDP ranks -> 1 process")
+    later = Counter({k: v for k, v in rollouts(ref_out).items() if k[0] > 2})
+    assert rollouts(one) == later, "the resumed process did not continue the data stream where the ranks left it"
+
+    # FSDP -> DDP, and the DDP checkpoint this writes at step 3 -> FSDP again.
+    ddp = tmp_path / "ddp"
+    run(common(tiny_model_dir, data, ddp, *STEPS, per_rank(2), f"resume={step2}"))
+    assert_close(final(ddp), ref, init, "FSDP -> DDP")
+    back = tmp_path / "back"
+    run(common(tiny_model_dir, data, back, *STEPS, per_rank(2), "train.parallelism=fsdp",
+               f"resume={ddp / 'checkpoints' / 'step-000003'}"))
+    assert_close(final(back), ref, init, "DDP -> FSDP")
+    assert [m["step"] for m in read_jsonl(back / "metrics.jsonl")] == [4]
+
+    # 1 process -> 2 FSDP ranks, from the single process's step-3 checkpoint.
+    up = tmp_path / "up"
+    run(common(tiny_model_dir, data, up, *STEPS, per_rank(2), "train.parallelism=fsdp",
+               f"resume={one / 'checkpoints' / 'step-000003'}"))
+    assert_close(final(up), ref, init, "1 process -> 2 FSDP ranks")
+    assert rollouts(up) == Counter({k: v for k, v in rollouts(ref_out).items() if k[0] > 3})
+
+
+# ------------------------------------------------------------------ two nodes over loopback
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_over_loopback(tiny_model_dir, fsdp_reference, tmp_path):
+    """Two torchrun launchers (--nnodes 2, one process each) meeting at a c10d rendezvous on 127.0.0.1:
+    the multi-node command, on one machine. It trains exactly as the single-launcher 2-rank run."""
+    data, ref_out = fsdp_reference
+    out = tmp_path / "nodes"
+    args = common(tiny_model_dir, data, out, *STEPS, per_rank(2), "train.parallelism=fsdp")
+    rdzv = ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=rlvr-test",
+            "--local-addr=127.0.0.1"]
+    nodes = [launch(args, nproc=1, rdzv=rdzv) for _ in range(2)]
+    for node in nodes:
+        finish(node, timeout=300)
+    assert json.loads((out / "header.json").read_text())["num_processes"] == 2
+    ref, got = final(ref_out), final(out)
+    assert not [k for k in ref if not torch.equal(ref[k], got[k])], "two nodes trained differently from one"
