@@ -215,3 +215,79 @@ def test_two_nodes_over_loopback(tiny_model_dir, fsdp_reference, tmp_path):
     assert json.loads((out / "header.json").read_text())["num_processes"] == 2
     ref, got = final(ref_out), final(out)
     assert not [k for k in ref if not torch.equal(ref[k], got[k])], "two nodes trained differently from one"
+
+
+# ------------------------------------------------------------------ pieces, in one process
+
+def test_resplit_continues_the_stream_where_every_rank_left_it(sum_dataset, tmp_path):
+    from rlvr.checkpoint import resplit
+    from rlvr.config import load_config
+    from rlvr.data import PromptStream
+
+    cfg = load_config(None, [f"data.path={sum_dataset}", f"log.output_dir={tmp_path}", "data.shuffle=false",
+                             "rewards=[{name: 'smoke_rewards:length_bonus'}]"])
+    whole = [r["prompt_id"] for r in PromptStream(cfg).take(20)]
+
+    def state(stream: PromptStream, generation: int, history: dict, errors: dict) -> dict:
+        return {"generation": generation, "stream": stream.state_dict(), "reward_errors": errors,
+                "groups": {"history": history, "draws": generation, "warned_short": False}}
+
+    old = [PromptStream(cfg, rank=r, world=2) for r in range(2)]
+    for s in old:
+        s.take(3)  # rows 0..5 handed out
+    saved = [state(old[0], 4, {"p0": ["all_pass"]}, {"f": 1}), state(old[1], 6, {"p1": ["all_fail"]}, {"f": 2})]
+    new = []
+    for r in range(3):  # 2 -> 3 processes: rows 6, 7, 8 next, one to each, nothing repeated or skipped
+        mine = resplit(saved, r, 3)
+        stream = PromptStream(cfg, rank=r, world=3)
+        stream.load_state_dict(mine["stream"])
+        new.append([row["prompt_id"] for row in stream.take(2)])
+        assert mine["generation"] == 6  # past every seed either rank used
+        assert mine["groups"]["history"] == {"p0": ["all_pass"], "p1": ["all_fail"]}
+        assert mine["reward_errors"] == ({"f": 3} if r == 0 else {})  # totals, counted once
+    assert new == [[whole[6], whole[9]], [whole[7], whole[10]], [whole[8], whole[11]]]
+    # Uneven positions (a DAPO refill on rank 1: rows 1, 3, 5, 7): resume after row 7; row 6, which
+    # rank 0 had not reached, is skipped rather than row 7 repeated.
+    old[1].take(1)
+    saved[1] = state(old[1], 6, {}, {})
+    one = PromptStream(cfg)
+    one.load_state_dict(resplit(saved, 0, 1)["stream"])
+    assert [row["prompt_id"] for row in one.take(2)] == whole[8:10]
+
+
+def test_gathered_engine_samples_the_sharded_weights_and_frees_them(tiny_model_dir):
+    """The rollout copy of a sharded policy: the gathered weights, exactly; freed when the trainer
+    forwards; refused until gathered again. One process with a 1-rank gloo group (DTensors need one)."""
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlvr import fsdp
+    from rlvr.rollout import SamplingParams, make_engine
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompts = [tok("1+2=")["input_ids"], tok("3+4=")["input_ids"]]
+    sampling = SamplingParams(temperature=1.0, max_tokens=5, seed=3)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        engine = fsdp.GatheredEngine(policy, lambda m: make_engine("native", m, tok))
+        fsdp.shard(policy, torch.device("cpu"))
+        before = engine.generate(prompts, 4, sampling)  # the loaded weights, before any update
+        policy(input_ids=torch.tensor([prompts[0]]))  # the trainer's forward frees the copy
+        assert all(p.numel() == 0 for p in engine._copy.parameters())
+        with pytest.raises(RuntimeError, match="released"):
+            engine.generate(prompts, 4, sampling)
+        with torch.no_grad():
+            for p in policy.parameters():  # an "update" of the shards
+                p.mul_(1.5)
+        engine.load_weights(policy.named_parameters())
+        got = engine.generate(prompts, 4, sampling)
+    finally:
+        dist.destroy_process_group()
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():
+        for p in plain.parameters():
+            p.mul_(1.5)
+    expected = make_engine("native", plain, tok).generate(prompts, 4, sampling)
+    assert [(c.token_ids, c.logprobs) for c in got] == [(c.token_ids, c.logprobs) for c in expected]
+    assert [c.logprobs for c in got] != [c.logprobs for c in before]  # it did change: the copy is not stale
