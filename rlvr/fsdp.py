@@ -16,9 +16,9 @@ gradients in float32 (torchtitan's default). ``fsdp_cpu_offload`` keeps the shar
 Rollouts need whole weights: the native and hf engines run on a plain copy of the model
 (`GatheredEngine`), refreshed from the shards by one all-gather per parameter at each weight sync (all
 ranks together, so rank 0's held-out evaluation still finds it ready) and freed as soon as the sharded
-model forwards again (the old/ref log-prob pass or the update), so the copy and the optimizer's
-working set are never in memory together. Engines that keep their own weights (vLLM, a server) get the
-gathered tensors pushed one at a time through their ``load_weights``; no copy is kept here.
+model forwards again (the old/ref log-prob pass or the update), so the copy and the update's gradients
+and activations are never in memory together. Engines that keep their own weights (vLLM, a server) are
+handed the gathered copy's tensors through their ``load_weights``, and the copy is freed right after.
 """
 
 from __future__ import annotations
@@ -103,27 +103,29 @@ def full_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[st
 
 class GatheredEngine:
     """The rollout engine of a sharded policy (see the module docstring). Same protocol as the engine it
-    wraps; `load_weights` is called by every rank after each update (the trainer's weight sync)."""
+    wraps, which is built over a plain full copy of the policy; `load_weights` is called by every rank
+    after each update (the trainer's weight sync) and gathers the shards into that copy.
+
+    An engine that samples from the module it is given (native, hf) keeps the copy until the trainer's
+    next forward. One that keeps its own weights (vLLM colocated or as a server, a reloading OpenAI
+    server) is then handed the copy's tensors (or reads the copy: vLLM server mode pushes
+    ``self.model``, a LoRA policy saves its adapter from it, a stale server exports it), and the copy
+    is freed right after: such engines get whole weights from the sharded state with no change to them.
+    """
 
     def __init__(self, model: torch.nn.Module, make: Callable[[torch.nn.Module], RolloutEngine]):
         """`model` is the full policy *before* it is sharded; `make` builds the real engine over a model."""
-        probe = make(model)
-        self._copy: torch.nn.Module | None = None
-        if probe.samples_live_policy:  # it samples from the module it is given: give it a plain copy
-            probe.close()
-            self._copy = copy.deepcopy(model).eval().requires_grad_(False)
-            probe = make(self._copy)
-        self.inner = probe
-        self.samples_live_policy = probe.samples_live_policy
-        self._params = dict(self._copy.named_parameters()) if self._copy is not None else {}
+        self._copy = copy.deepcopy(model).eval().requires_grad_(False)
+        self._params = dict(self._copy.named_parameters())
+        self.inner = make(self._copy)
+        self.samples_live_policy = self.inner.samples_live_policy
         self._ready = True  # the copy holds the loaded weights until the first update
-        if self._copy is not None:
-            # Free the copy when the policy forwards next (fully_shard keeps this hook): by then the
-            # batch is sampled, and the update's forward and backward want the memory.
-            model.register_forward_pre_hook(lambda *_: self.release())
+        # Free the copy when the policy forwards next (fully_shard keeps this hook): by then the batch
+        # is sampled, and the update's forward and backward want the memory.
+        model.register_forward_pre_hook(lambda *_: self.release())
 
     def release(self) -> None:
-        if self._copy is None or not self._ready:
+        if not self._ready:
             return
         with torch.no_grad():
             for p in self._params.values():
@@ -131,17 +133,17 @@ class GatheredEngine:
         self._ready = False
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        if self._copy is None:  # the engine keeps its own weights: gather each one and push it on
-            self.inner.load_weights(full_tensors(named_tensors))
-            return
         with torch.no_grad():
             for name, full in full_tensors(named_tensors):
                 p = self._params[name]
                 p.data = full.to(device=p.device, dtype=p.dtype, copy=True)
         self._ready = True
+        if not self.samples_live_policy:  # push on; the engine holds its own weights from here
+            self.inner.load_weights((n, p.detach()) for n, p in self._params.items())
+            self.release()
 
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams) -> list[Completion]:
-        if not self._ready:
+        if self.samples_live_policy and not self._ready:
             raise RuntimeError("the sharded policy's rollout copy was released by a forward of the trainer and not "
                                "gathered again: sample only after the trainer's weight sync (engine.load_weights).")
         return self.inner.generate(prompt_ids, n, sampling)

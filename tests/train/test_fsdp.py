@@ -271,6 +271,7 @@ def test_gathered_engine_samples_the_sharded_weights_and_frees_them(tiny_model_d
     try:
         policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
         engine = fsdp.GatheredEngine(policy, lambda m: make_engine("native", m, tok))
+        pushed = fsdp.GatheredEngine(policy, PushedTo)  # an engine with its own weights (vLLM's kind)
         fsdp.shard(policy, torch.device("cpu"))
         before = engine.generate(prompts, 4, sampling)  # the loaded weights, before any update
         policy(input_ids=torch.tensor([prompts[0]]))  # the trainer's forward frees the copy
@@ -282,6 +283,7 @@ def test_gathered_engine_samples_the_sharded_weights_and_frees_them(tiny_model_d
                 p.mul_(1.5)
         engine.load_weights(policy.named_parameters())
         got = engine.generate(prompts, 4, sampling)
+        pushed.load_weights(policy.named_parameters())
     finally:
         dist.destroy_process_group()
     plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -291,3 +293,29 @@ def test_gathered_engine_samples_the_sharded_weights_and_frees_them(tiny_model_d
     expected = make_engine("native", plain, tok).generate(prompts, 4, sampling)
     assert [(c.token_ids, c.logprobs) for c in got] == [(c.token_ids, c.logprobs) for c in expected]
     assert [c.logprobs for c in got] != [c.logprobs for c in before]  # it did change: the copy is not stale
+    # The pushing engine got every whole tensor, could read whole weights from its model while pushing
+    # (vLLM server mode and adapter saves do), and the copy was freed right after.
+    whole = dict(plain.named_parameters())
+    assert pushed.inner.got.keys() == whole.keys()
+    assert all(torch.equal(pushed.inner.got[k], whole[k]) for k in whole)
+    assert pushed.inner.model_was_whole
+    assert all(p.numel() == 0 for p in pushed.inner.model.parameters())
+
+
+class PushedTo:
+    """A stand-in for vLLM: keeps its own weights, records what it was handed."""
+
+    samples_live_policy = False
+
+    def __init__(self, model):
+        self.model, self.got, self.model_was_whole = model, None, False
+
+    def load_weights(self, named_tensors):
+        self.got = {n: t.clone() for n, t in named_tensors}
+        self.model_was_whole = all(p.numel() > 0 for p in self.model.parameters())
+
+    def generate(self, prompt_ids, n, sampling):
+        return []
+
+    def close(self):
+        pass
