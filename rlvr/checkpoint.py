@@ -103,7 +103,8 @@ def save_checkpoint(
     distributed.barrier()  # the temporary folder exists before any rank writes into it
     model_sd, optim_sd = get_state_dict(model, optimizer, options=_state_dict_options(model))
     # Collective: every rank writes its shards; rank 0 writes .metadata once all have reported.
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp / "dcp", no_dist=not dist.is_initialized())
+    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp / "dcp",
+             no_dist=not dist.is_initialized())
     torch.save(_rng_state(), tmp / f"rng-rank{rank}.pt")
     (tmp / f"rank-state{rank}.json").write_text(json.dumps(rank_state or {}))
     if rank != 0:
@@ -163,7 +164,8 @@ def load_checkpoint(
     options = _state_dict_options(model)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     target = {"model": model_sd, "optimizer": optim_sd}
-    dcp.load(target, checkpoint_id=path / "dcp", no_dist=not dist.is_initialized())  # each rank reads the pieces of its own shards
+    # Each rank reads the pieces of its own shards, whatever layout wrote them.
+    dcp.load(target, checkpoint_id=path / "dcp", no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optimizer"],
                    options=options)
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))

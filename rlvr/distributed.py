@@ -4,7 +4,8 @@
 reads them and joins the process group (gloo on CPU, nccl on CUDA). Without them (a plain ``rlvr
 train``) nothing is initialised, every helper below is a no-op and the loop is bitwise the
 single-process one. There is no cluster layer: each rank runs the same loop on its own prompts,
-DDP averages the gradients, and the few collectives the loop needs live here, each with its cost.
+DDP averages the gradients (or FSDP2 shards the model, ``train.parallelism=fsdp``, rlvr/fsdp.py),
+and the few collectives the loop needs live here, each with its cost. docs/scaling.md: the user's view.
 """
 
 from __future__ import annotations

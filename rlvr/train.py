@@ -14,7 +14,8 @@ optimizer steps. Checkpoints are taken between generation batches.
 
 Many processes (``torchrun``, rlvr/distributed.py): every rank runs this same loop on its own
 disjoint prompts, so a generation batch is world x that many completions; groups stay whole on one
-rank, gradients are averaged by DDP, and rank 0 alone logs, evaluates and writes the run folder.
+rank, gradients are averaged by DDP (or FSDP2 shards the model), and rank 0 alone logs, evaluates
+and writes the run folder.
 """
 
 from __future__ import annotations
@@ -290,8 +291,8 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
     if cfg.rollout.backend == "openai":  # policy exports for a reloading server live in the run folder
         engine_options.setdefault("export_dir", str(run_dir / "policy-exports"))
         Path(engine_options["export_dir"]).mkdir(parents=True, exist_ok=True)
-    engine = distributed.rollout_engine(model, lambda m: make_engine(cfg.rollout.backend, m, tokenizer, **engine_options),
-                                        d, cfg.train.parallelism)
+    engine = distributed.rollout_engine(
+        model, lambda m: make_engine(cfg.rollout.backend, m, tokenizer, **engine_options), d, cfg.train.parallelism)
     if not getattr(engine, "receives_weights", True) and not cfg.rollout.allow_stale_sampler:
         raise ValueError(
             f"rollout backend {cfg.rollout.backend!r} cannot receive new weights, so it would sample from a "
