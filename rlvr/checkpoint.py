@@ -25,12 +25,14 @@ all ranks share.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -69,6 +71,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def _single_process_is_intended() -> Iterator[None]:
+    """DCP warns on every save and load without a process group; one process is a normal rlvr run."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable or uninitialized")
+        yield
+
+
 def _state_dict_options(model: torch.nn.Module, strict: bool = True) -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
@@ -103,8 +113,9 @@ def save_checkpoint(
     distributed.barrier()  # the temporary folder exists before any rank writes into it
     model_sd, optim_sd = get_state_dict(model, optimizer, options=_state_dict_options(model))
     # Collective: every rank writes its shards; rank 0 writes .metadata once all have reported.
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp / "dcp",
-             no_dist=not dist.is_initialized())
+    with _single_process_is_intended():
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp / "dcp",
+                 no_dist=not dist.is_initialized())
     torch.save(_rng_state(), tmp / f"rng-rank{rank}.pt")
     (tmp / f"rank-state{rank}.json").write_text(json.dumps(rank_state or {}))
     if rank != 0:
@@ -165,7 +176,8 @@ def load_checkpoint(
     model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     target = {"model": model_sd, "optimizer": optim_sd}
     # Each rank reads the pieces of its own shards, whatever layout wrote them.
-    dcp.load(target, checkpoint_id=path / "dcp", no_dist=not dist.is_initialized())
+    with _single_process_is_intended():
+        dcp.load(target, checkpoint_id=path / "dcp", no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optimizer"],
                    options=options)
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
