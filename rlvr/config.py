@@ -232,6 +232,13 @@ class TrainConfig(_Section):
     def spg(self) -> int:
         return self.steps_per_generation or self.gradient_accumulation_steps
 
+    @model_validator(mode="after")
+    def _offload_needs_fsdp(self) -> TrainConfig:
+        if self.fsdp_cpu_offload and self.parallelism != "fsdp":
+            raise ValueError("train.fsdp_cpu_offload=true offloads FSDP's shards, but train.parallelism is "
+                             f"{self.parallelism!r}: set train.parallelism=fsdp too, or drop the offload.")
+        return self
+
 
 class DapoConfig(_Section):
     dynamic_sampling: bool = Field(

@@ -98,6 +98,7 @@ EQUIV = ["train.max_steps=4", "train.gradient_accumulation_steps=2", "train.step
     pytest.param(["model.lora.enabled=true", "model.lora.r=4", "algo.beta=0.1", "train.learning_rate=0.5"],
                  id="lora-beta"),  # reference = the adapter switched off, under FSDP
 ])
+@pytest.mark.slow
 def test_fsdp_on_two_ranks_equals_one_process_and_ddp(tiny_model_dir, sum_dataset, tmp_path, variant):
     outs = {k: tmp_path / k for k in ("fsdp", "ddp", "one")}
     run(common(tiny_model_dir, sum_dataset, outs["fsdp"], *EQUIV, *variant, "train.parallelism=fsdp",
@@ -121,6 +122,7 @@ def test_fsdp_on_two_ranks_equals_one_process_and_ddp(tiny_model_dir, sum_datase
         assert not (outs["fsdp"] / "final" / "rank-digests.json").exists()
 
 
+@pytest.mark.slow
 def test_fsdp_bf16_offload_checkpointing_native(tiny_model_dir, sum_dataset, tmp_path):
     """The options together, on the default engine: bf16 compute over float32 master weights, shards
     offloaded to CPU memory, activation checkpointing per layer, the native engine sampling the
@@ -177,6 +179,7 @@ def kill_after(proc: subprocess.Popen, ckpt: Path) -> None:
     proc.communicate()
 
 
+@pytest.mark.slow
 def test_killed_fsdp_run_resumes_bitwise_and_reshards(tiny_model_dir, fsdp_reference, tmp_path):
     data, ref_out = fsdp_reference
     init = load_file(str(tiny_model_dir / "model.safetensors"))
@@ -227,6 +230,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_nodes_over_loopback(tiny_model_dir, fsdp_reference, tmp_path):
     """Two torchrun launchers (--nnodes 2, one process each) meeting at a c10d rendezvous on 127.0.0.1:
     the multi-node command, on one machine. It trains exactly as the single-launcher 2-rank run."""
@@ -345,3 +349,12 @@ class PushedTo:
 
     def close(self):
         pass
+
+
+def test_cpu_offload_without_fsdp_is_refused(tmp_path):
+    from rlvr.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="set train.parallelism=fsdp too"):
+        load_config(None, [f"log.output_dir={tmp_path}", "train.fsdp_cpu_offload=true"])
+    assert load_config(None, [f"log.output_dir={tmp_path}", "train.fsdp_cpu_offload=true",
+                              "train.parallelism=fsdp"]).train.fsdp_cpu_offload
