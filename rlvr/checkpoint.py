@@ -241,6 +241,10 @@ def save_final(final_dir: Path, model: torch.nn.Module, tokenizer: Any, d: distr
         full = {k: v.to(dtype) if v.is_floating_point() else v for k, v in full.items() if k not in aliases}
     if d.is_main:
         model.save_pretrained(final_dir, **({} if full is None else {"state_dict": full}))
+        if full is not None and (final_dir / "config.json").exists():
+            # save_pretrained wrote the shards' dtype (float32 master weights) into config.json.
+            model.config.dtype = str(fsdp.compute_dtype(model)).removeprefix("torch.")
+            model.config.save_pretrained(final_dir)
         tokenizer.save_pretrained(final_dir)
         if digests is not None:
             (final_dir / "rank-digests.json").write_text(json.dumps(digests))

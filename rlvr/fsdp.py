@@ -24,6 +24,7 @@ handed the gathered copy's tensors through their ``load_weights``, and the copy 
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -32,6 +33,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from rlvr.rollout.base import Completion, RolloutEngine, SamplingParams
+
+
+_COMPUTE_DTYPE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # sharded model -> its compute dtype
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
@@ -69,6 +73,7 @@ def shard(model: torch.nn.Module, device: torch.device, cpu_offload: bool = Fals
     if trainable and dtype != torch.float32:
         model.float()
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        _COMPUTE_DTYPE[model] = dtype
     checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5; older: the next name
     if checkpointing is None:
         checkpointing = getattr(model, "is_gradient_checkpointing", False)
@@ -86,12 +91,9 @@ def shard(model: torch.nn.Module, device: torch.device, cpu_offload: bool = Fals
 
 
 def compute_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype forwards run in: FSDP's mixed-precision param dtype, else the parameters' own."""
-    if is_sharded(model):
-        param_dtype = model._get_fsdp_state()._mp_policy.param_dtype
-        if param_dtype is not None:
-            return param_dtype
-    return next(model.parameters()).dtype
+    """The dtype forwards run in: the load dtype `shard` kept as FSDP's compute dtype, else the
+    parameters' own."""
+    return _COMPUTE_DTYPE.get(model) or next(model.parameters()).dtype
 
 
 def full_tensors(named: Iterable[tuple[str, torch.Tensor]]) -> Iterable[tuple[str, torch.Tensor]]:

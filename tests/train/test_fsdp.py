@@ -135,6 +135,10 @@ def test_fsdp_bf16_offload_checkpointing_native(tiny_model_dir, sum_dataset, tmp
                "rollout.backend=native", "train.per_device_train_batch_size=8", "log.save_steps=1"))
     weights = final(out)
     assert {v.dtype for v in weights.values()} == {torch.bfloat16}  # final/ in the configured dtype
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(out / "final")  # a plain transformers folder
+    assert loaded.config.architectures == ["LlamaForCausalLM"] and loaded.dtype == torch.bfloat16
     meta = FileSystemReader(str(out / "checkpoints" / "step-000002" / "dcp")).read_metadata().state_dict_metadata
     master = {k: m.properties.dtype for k, m in meta.items() if k.startswith("model.")}
     assert master and set(master.values()) == {torch.float32}  # the shards are float32 master weights
