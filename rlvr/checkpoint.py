@@ -1,33 +1,41 @@
-"""Atomic, complete checkpoints: a run killed at any moment resumes to the same result (docs/architecture.md).
+"""Atomic, complete, reshardable checkpoints: a run killed at any moment resumes to the same result
+(bitwise on CPU at the same number of processes), and a checkpoint resumes at any number of processes,
+under DDP or FSDP alike.
 
 A checkpoint is a folder ``OUTPUT_DIR/checkpoints/step-000050/`` holding:
 
-- ``trainable.safetensors``: every trainable parameter (all weights, or only the LoRA adapter);
-  frozen weights are re-read from ``model.path`` on resume, so a LoRA checkpoint stays small;
-- ``optimizer.pt``, ``scheduler.pt``: their ``state_dict()``;
+- ``dcp/``: the trainable parameters (all weights, or only the LoRA adapter: frozen weights are re-read
+  from ``model.path`` on resume, so a LoRA checkpoint stays small) and the AdamW state, written by
+  torch.distributed.checkpoint (DCP): each rank writes the shards it owns (under DDP the replicated
+  tensors once), keyed by parameter name, with a ``.metadata`` index. DCP reads them back into whatever
+  layout the resuming run has, so 2 FSDP ranks -> 1 process, 1 -> 2, and DDP <-> FSDP all load;
+- ``scheduler.pt``: its ``state_dict()`` (a step count, the same on every rank);
 - ``state.json``: step counters, diagnostics and anything else JSON-able that rank 0 owns;
 - ``rank-state{r}.json``, ``rng-rank{r}.pt`` per process r: what differs between ranks (data
   position, sampling counters, DAPO histories) and the Python, NumPy and torch (CPU and CUDA)
-  generator states. One process writes only rank 0's.
+  generator states. One process writes only rank 0's. `resplit` says how they are dealt out again
+  when the number of processes changes.
 
 It is written into ``.tmp-step-000050`` and renamed into place only when complete: ``os.replace``
 of a directory is atomic on POSIX, so a checkpoint folder either exists whole or not at all. With
-several processes, every rank writes its own two files into the temporary folder and rank 0
-renames it once all have (two barriers); the run folder must be on a file system all ranks share.
-Weights, optimizer and scheduler are the same on every rank under DDP, so only rank 0 writes them.
+several processes, every rank writes its files into the temporary folder and rank 0 renames it once
+all have (DCP's own gather of write results, then a barrier); the run folder must be on a file system
+all ranks share.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
-from safetensors.torch import load_file, save_file
+import torch.distributed as dist
 
 from rlvr import distributed
 
@@ -78,6 +86,21 @@ def save_checkpoint(ckpt_root: Path, step: int, *args: Any, rank: int = 0, **kwa
         raise
 
 
+@contextlib.contextmanager
+def _single_process_is_intended() -> Iterator[None]:
+    """DCP warns on every save and load without a process group; one process is a normal rlvr run."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable or uninitialized")
+        yield
+
+
+def _state_dict_options(model: torch.nn.Module, strict: bool = True) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # Frozen weights (a LoRA run's base model) come from model.path, not from the checkpoint.
+    return StateDictOptions(ignore_frozen_params=True, strict=strict)
+
+
 def _save_checkpoint(
     ckpt_root: Path,
     step: int,
@@ -90,7 +113,11 @@ def _save_checkpoint(
     rank: int = 0,
     world: int = 1,
 ) -> Path:
-    """Called by every rank with its own `rank_state`; `model` is the unwrapped module (no ``module.``)."""
+    """Called by every rank with its own `rank_state`; `model` is the unwrapped (or FSDP-sharded) module,
+    without DDP's ``module.`` prefix."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     final = ckpt_root / f"step-{step:06d}"
     tmp = ckpt_root / f".tmp-step-{step:06d}"
     if rank == 0:
@@ -99,19 +126,23 @@ def _save_checkpoint(
             shutil.rmtree(tmp)
         tmp.mkdir()
     distributed.barrier()  # the temporary folder exists before any rank writes into it
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_state_dict_options(model))
+    # Collective: every rank writes its shards; rank 0 writes .metadata once all have reported.
+    with _single_process_is_intended():
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp / "dcp",
+                 no_dist=not dist.is_initialized())
     torch.save(_rng_state(), tmp / f"rng-rank{rank}.pt")
     (tmp / f"rank-state{rank}.json").write_text(json.dumps(rank_state or {}))
     if rank != 0:
         _fsync_files(tmp, (f"rng-rank{rank}.pt", f"rank-state{rank}.json"))
+        _fsync_files(tmp / "dcp", [f.name for f in (tmp / "dcp").iterdir() if f.name.startswith(f"__{rank}_")])
     distributed.barrier()  # every rank's files are on disk before rank 0 makes the folder visible
     if rank != 0:
         return final
-    trainable = {n: p.detach().contiguous().cpu() for n, p in model.named_parameters() if p.requires_grad}
-    save_file(trainable, str(tmp / "trainable.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     (tmp / "state.json").write_text(json.dumps({**state, "world_size": world}))
-    _fsync_files(tmp, [f.name for f in tmp.iterdir()])  # data on disk before the rename makes it visible
+    _fsync_files(tmp, [f.name for f in tmp.iterdir() if f.is_file()])  # on disk before the rename shows them
+    _fsync_files(tmp / "dcp", [f.name for f in (tmp / "dcp").iterdir()])
     if final.exists():  # re-saving the same step (e.g. the final save): replace it whole
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -143,28 +174,99 @@ def load_checkpoint(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int = 0,
     world: int = 1,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Restore everything save_checkpoint wrote for this rank; returns (the shared JSON state, this
-    rank's JSON state)."""
-    missing = [f for f in ("trainable.safetensors", "optimizer.pt", "scheduler.pt", f"rng-rank{rank}.pt",
-                           f"rank-state{rank}.json", "state.json") if not (path / f).exists()]
+    """Restore everything save_checkpoint wrote, resharded to this run's layout; returns (the shared JSON
+    state, this rank's JSON state). Every rank calls it (DCP's load is collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    missing = [f for f in ("dcp", "scheduler.pt", "rng-rank0.pt", "rank-state0.json", "state.json")
+               if not (path / f).exists()]
     if missing:
-        raise FileNotFoundError(f"checkpoint {path} is incomplete (missing {', '.join(missing)}); pick another")
+        hint = (" (it is in the older single-file layout, trainable.safetensors: resume it with the rlvr that "
+                "wrote it, or start a new run from its weights)") if (path / "trainable.safetensors").exists() else ""
+        raise FileNotFoundError(f"checkpoint {path} is incomplete (missing {', '.join(missing)}){hint}; pick another")
     state = json.loads((path / "state.json").read_text())
-    if state.get("world_size", 1) != world:
-        raise ValueError(
-            f"checkpoint {path} was written by {state.get('world_size', 1)} processes and this run has {world}: "
-            "each process resumes its own data shard and random state, so resume with the same number of "
-            "processes (torchrun --nproc_per_node), or start a new run from its weights (model.path).")
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in load_file(str(path / "trainable.safetensors")).items():
-            if name not in params:
-                raise KeyError(f"checkpoint {path} has parameter {name!r} that the model lacks: wrong model.path?")
-            params[name].copy_(value)
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    saved_world = state.get("world_size", 1)
+    options = _state_dict_options(model)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+    target = {"model": model_sd, "optimizer": optim_sd}
+    # Each rank reads the pieces of its own shards, whatever layout wrote them.
+    with _single_process_is_intended():
+        dcp.load(target, checkpoint_id=path / "dcp", no_dist=not dist.is_initialized())
+    set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optimizer"],
+                   options=options)
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
-    _set_rng_state(torch.load(path / f"rng-rank{rank}.pt", weights_only=False))
-    return state, json.loads((path / f"rank-state{rank}.json").read_text())
+    if saved_world == world:
+        _set_rng_state(torch.load(path / f"rng-rank{rank}.pt", weights_only=False))
+        return state, json.loads((path / f"rank-state{rank}.json").read_text())
+    if rank < saved_world:  # a rank the checkpoint knows keeps its generators; new ranks keep their seeded ones
+        _set_rng_state(torch.load(path / f"rng-rank{rank}.pt", weights_only=False))
+    saved = [json.loads((path / f"rank-state{r}.json").read_text()) for r in range(saved_world)]
+    return state, resplit(saved, rank, world)
+
+
+def resplit(saved: list[dict[str, Any]], rank: int, world: int) -> dict[str, Any]:
+    """Rank `rank`'s run state in a `world`-process run, from the states of every rank of a run with a
+    different number of processes (the fields save_run writes).
+
+    Data: old rank r handed out rows r, r+W, ..., r+W(p_r-1) of the one seeded stream. The resumed
+    stream starts at the first row after the last row any rank took, and is dealt out anew: rank r'
+    takes rows start + r', start + r' + world, ... With equal positions (the usual case, and always
+    without DAPO refills) that start is exactly W·p: no row is repeated or skipped. When a DAPO refill
+    left ranks uneven, the rows the lagging ranks had not reached yet are skipped, never repeated.
+    Sampling seeds: generation counts continue from the highest any rank reached, so no new rank
+    reuses a seed. DAPO histories (per prompt) are merged so any rank finds a prompt's history.
+    Reward-error counters are totals over ranks, so rank 0 carries the sum and new ranks start at 0.
+    """
+    old_world = len(saved)
+    start = max((r + old_world * (s["stream"]["position"] - 1) + 1 + s["stream"].get("offset", 0)
+                 for r, s in enumerate(saved) if s["stream"]["position"] > 0), default=0)
+    filters = [s["group_filter"] for s in saved if s.get("group_filter") is not None]  # None: DAPO was off
+    group_filter = None
+    if filters:
+        history: dict[str, list] = {}
+        for f in filters:
+            history.update(f["history"])
+        group_filter = {"history": history, "draws": max(f["draws"] for f in filters),
+                        "warned_short": any(f["warned_short"] for f in filters)}
+    errors: dict[str, int] = {}
+    for s in saved:
+        for k, v in s["reward_errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    return {"generation": max(s["generation"] for s in saved),
+            "stream": {"position": 0, "offset": start},
+            "group_filter": group_filter,
+            "reward_errors": errors if rank == 0 else {}}
+
+
+def save_final(final_dir: Path, model: torch.nn.Module, tokenizer: Any, d: distributed.Dist) -> None:
+    """The model for users, in ``save_pretrained`` format (transformers or peft loads it). Every rank
+    calls this: under FSDP the weights are gathered whole onto rank 0 (one all-gather per parameter,
+    held in CPU memory: the full model once, on rank 0 only) and cast to the model's configured dtype
+    (the shards are float32 master weights under mixed precision). Under DDP rank 0 also writes
+    every rank's weight digest (rank-digests.json): the proof that all ranks ended on these weights."""
+    from rlvr import fsdp
+
+    digests = distributed.check_in_sync(model, d)  # one gather of a hash; raises if DDP ranks diverged
+    full = None
+    if fsdp.is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        dtype = fsdp.compute_dtype(model)
+        # A tied weight (lm_head = embed_tokens) is gathered under both names; save_pretrained keeps one.
+        aliases = ({n for n, _ in model.named_parameters(remove_duplicate=False)}
+                   - {n for n, _ in model.named_parameters()})
+        full = {k: v.to(dtype) if v.is_floating_point() else v for k, v in full.items() if k not in aliases}
+    if d.is_main:
+        model.save_pretrained(final_dir, **({} if full is None else {"state_dict": full}))
+        if full is not None and (final_dir / "config.json").exists():
+            # save_pretrained wrote the shards' dtype (float32 master weights) into config.json.
+            model.config.dtype = str(fsdp.compute_dtype(model)).removeprefix("torch.")
+            model.config.save_pretrained(final_dir)
+        tokenizer.save_pretrained(final_dir)
+        if digests is not None:
+            (final_dir / "rank-digests.json").write_text(json.dumps(digests))
 
 
 # ------------------------------------------------------------------ the training loop's state

@@ -260,11 +260,30 @@ class TrainConfig(_Section):
         None, ge=1, description="CPU threads for torch (None = torch's default, one per core). Tiny models "
         "gain little from more threads, and a busy machine makes extra threads spin: 1 is often fastest."
     )
+    parallelism: Literal["ddp", "fsdp"] = Field(
+        "ddp", description="How several processes (torchrun) hold the model. ddp: every rank a full copy of "
+        "weights, gradients and AdamW state (4x the weights in float32), gradients averaged once per step. fsdp: "
+        "FSDP2, each decoder layer and the root sharded, so each rank keeps ~1/world of that, at the cost of "
+        "gathering every layer's weights for each forward and backward; with model.dtype bfloat16/float16 the "
+        "weights are kept in float32 and only the compute runs in that dtype. One process: both are the plain "
+        "model. See docs/scaling.md."
+    )
+    fsdp_cpu_offload: bool = Field(
+        False, description="fsdp: keep the weight, gradient and AdamW shards in CPU memory and run the optimizer "
+        "step there (frees accelerator memory; costs a host copy of every layer per forward and backward)."
+    )
 
     @property
     def micro_batches_per_generation(self) -> int:
         """steps_per_generation resolved: micro-batches one generation batch is cut into."""
         return self.steps_per_generation or self.gradient_accumulation_steps
+
+    @model_validator(mode="after")
+    def _offload_needs_fsdp(self) -> TrainConfig:
+        if self.fsdp_cpu_offload and self.parallelism != "fsdp":
+            raise ValueError("train.fsdp_cpu_offload=true offloads FSDP's shards, but train.parallelism is "
+                             f"{self.parallelism!r}: set train.parallelism=fsdp too, or drop the offload.")
+        return self
 
 
 class DapoConfig(_Section):

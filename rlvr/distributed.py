@@ -4,7 +4,8 @@
 reads them and joins the process group (gloo on CPU, nccl on CUDA). Without them (a plain ``rlvr
 train``) nothing is initialised, every helper below is a no-op and the loop is bitwise the
 single-process one. There is no cluster layer: each rank runs the same loop on its own prompts,
-DDP averages the gradients, and the few collectives the loop needs live here, each with its cost.
+DDP averages the gradients (or FSDP2 shards the model, ``train.parallelism=fsdp``, rlvr/fsdp.py),
+and the few collectives the loop needs live here, each with its cost. docs/scaling.md: the user's view.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 
 @dataclass(frozen=True)
@@ -103,21 +105,50 @@ def gather_to_main(obj: Any) -> list[Any] | None:
     return out
 
 
-def wrap(model: torch.nn.Module, d: Dist, device: torch.device) -> torch.nn.Module:
-    """The module the update forwards through: DDP over `model` with several ranks, `model` itself in one.
+def wrap(model: torch.nn.Module, d: Dist, device: torch.device, parallelism: str = "ddp",
+         cpu_offload: bool = False) -> torch.nn.Module:
+    """The module the update forwards through: DDP over `model`, or `model` sharded in place by FSDP2
+    (``parallelism="fsdp"``, rlvr/fsdp.py), with several ranks; `model` itself in one.
 
     DDP broadcasts rank 0's weights once here, then all-reduces (averages) gradients in buckets
     during backward: one all-reduce of every trainable parameter per optimizer step (with ``no_sync``
     on all but the last micro-batch of a gradient-accumulation window). ``broadcast_buffers=False``:
     a causal LM's buffers (rotary frequencies) are constants, so the per-forward broadcast would
-    only cost time. The rollout engine and the no-grad log-prob passes use the unwrapped `model`.
+    only cost time. The rollout engine and the no-grad log-prob passes use the unwrapped `model`
+    (under FSDP the sharded `model` is both, and the engine samples from a gathered copy).
     """
     if not d.enabled:
         return model
+    if parallelism == "fsdp":
+        from rlvr import fsdp
+
+        return fsdp.shard(model, device, cpu_offload=cpu_offload)
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+
+
+def wrap_reference(ref_model: torch.nn.Module | None, d: Dist, device: torch.device,
+                   parallelism: str = "ddp") -> torch.nn.Module | None:
+    """The frozen reference model (beta > 0): sharded like the policy under FSDP (its forward gathers
+    layer by layer, so every rank must run the same number of reference passes: they do, since ranks
+    keep the same number of groups); a plain full copy on every rank otherwise."""
+    if ref_model is None or not d.enabled or parallelism != "fsdp":
+        return ref_model
+    from rlvr import fsdp
+
+    return fsdp.shard(ref_model, device, trainable=False)
+
+
+def rollout_engine(model: torch.nn.Module, make: Any, d: Dist, parallelism: str = "ddp") -> Any:
+    """`make(model)`, the rollout engine; under FSDP with several ranks, one that samples from a gathered
+    full copy of the policy (`model` must not be sharded yet) and frees it while the trainer works."""
+    if not d.enabled or parallelism != "fsdp":
+        return make(model)
+    from rlvr.fsdp import GatheredEngine
+
+    return GatheredEngine(model, make)
 
 
 def reduce_step_metrics(per_rank: list[list[dict[str, float]]]) -> list[dict[str, float]]:
@@ -168,11 +199,24 @@ def common_count(n: int) -> int:
 
 
 def no_sync(module: torch.nn.Module, sync: bool) -> Any:
-    """DDP's ``no_sync()`` unless this backward must all-reduce: gradients of the first GA-1
-    micro-batches accumulate locally and are averaged once, with the last one's."""
+    """Skip the gradient all-reduce (DDP's ``no_sync()``) or reduce-scatter (FSDP2's
+    ``set_requires_gradient_sync(False)``) unless this backward must do it: gradients of the first GA-1
+    micro-batches accumulate locally and are averaged once, with the last one's. Under FSDP2 the
+    accumulating gradients are unsharded (a full gradient per rank until the synced backward)."""
+    if hasattr(module, "set_requires_gradient_sync"):
+        return _fsdp_gradient_sync(module, sync)
     if sync or not hasattr(module, "no_sync"):
         return contextlib.nullcontext()
     return module.no_sync()
+
+
+@contextlib.contextmanager
+def _fsdp_gradient_sync(module: Any, sync: bool) -> Any:
+    module.set_requires_gradient_sync(sync)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -188,9 +232,9 @@ def weights_digest(model: torch.nn.Module) -> str:
 def check_in_sync(model: torch.nn.Module, d: Dist) -> list[str] | None:
     """Every rank's weights digest on rank 0 (None elsewhere); raises there if the ranks diverged,
     which DDP should make impossible (it would mean a rank skipped an all-reduce). Nothing to check,
-    and nothing computed, in one process."""
-    if not d.enabled:
-        return None
+    and nothing computed, in one process or under FSDP."""
+    if not d.enabled or any(isinstance(p, DTensor) for p in model.parameters()):
+        return None  # one process, or FSDP: each shard exists once, so there is nothing to diverge
     digests = gather_to_main(weights_digest(model))
     if digests is not None and len(set(digests)) > 1:
         raise RuntimeError(f"the {d.world} processes ended with different weights (digests {digests}); "

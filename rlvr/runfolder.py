@@ -91,13 +91,14 @@ def checkpoint_step(ckpt: Path) -> int:
 
 
 def _checkpoint_has_lora(ckpt: Path) -> bool | None:
-    """Whether the checkpoint's trainable weights are a LoRA adapter (None: cannot tell)."""
+    """Whether the checkpoint's trainable weights are a LoRA adapter (None: cannot tell). Reads only the
+    names of the saved tensors (the DCP metadata file), not the tensors."""
     try:
-        from safetensors import safe_open
+        from torch.distributed.checkpoint import FileSystemReader
 
-        with safe_open(str(ckpt / "trainable.safetensors"), framework="pt") as f:
-            return any("lora_" in k for k in f.keys())
-    except Exception:  # noqa: BLE001 - an unreadable file is reported by load_checkpoint itself
+        keys = FileSystemReader(str(ckpt / "dcp")).read_metadata().state_dict_metadata.keys()
+        return any("lora_" in k for k in keys if k.startswith("model."))
+    except Exception:  # noqa: BLE001 - an unreadable checkpoint is reported by load_checkpoint itself
         return None
 
 

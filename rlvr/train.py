@@ -7,12 +7,11 @@ Each phase is one function below, timed as ``timing/<phase>``, and returns what 
 ``rlvr.core`` (pure tensor functions), the checkers in ``rlvr.rewards``, sampling behind
 ``rlvr.rollout.RolloutEngine``, whose declared capabilities are all the loop asks of an engine.
 Units (TRL's: generation batch, micro-batch, optimizer step) and what changes with several processes
-(``torchrun``: disjoint prompts per rank, groups whole on one rank, rank 0 logs) are in the architecture page.
+(``torchrun``: disjoint prompts per rank, groups whole on one rank, DDP or FSDP2, rank 0 logs) are in the architecture page.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from dataclasses import dataclass, field, replace
@@ -25,7 +24,7 @@ from rlvr import core, distributed
 from rlvr.batch import LogProbs, PackedBatch, Rollouts, batch_metrics, completion_records, pack
 from rlvr.builders import (build_engine, build_loss_settings, build_optimizer, build_scheduler, load_model,
                            load_tokenizer)
-from rlvr.checkpoint import resume_run, save_run
+from rlvr.checkpoint import resume_run, save_final, save_run
 from rlvr.config import Config
 from rlvr.console import Console
 from rlvr.diagnostics import Diagnostics
@@ -242,11 +241,11 @@ def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, logps: LogProbs) 
 
 
 def sync(run: Run) -> None:
-    """Hand new weights to an engine that keeps its own copy (vLLM); live engines need nothing. A stale
-    server only counts the step, or reloads an export every k steps: while its ``policy_lag`` is above 0
-    it still serves older weights and engine_version stays where it was."""
-    if not run.engine.samples_live_policy:
-        run.engine.load_weights((n, p.detach()) for n, p in run.model.named_parameters())
+    """Hand the new weights to the engine: one that keeps its own copy (vLLM, a sharded policy's gathered
+    copy on every rank) loads them; one that samples the live policy ignores them. A stale server only
+    counts the step, or reloads an export every k steps: while its ``policy_lag`` is above 0 it still
+    serves older weights and engine_version stays where it was."""
+    run.engine.load_weights((n, p.detach()) for n, p in run.model.named_parameters())
     if run.engine.policy_lag == 0:
         run.engine_version = run.step
 
@@ -301,10 +300,13 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
     model = load_model(cfg, device)
     # beta = 0 loads no reference model (TRL default); with LoRA the base model is the reference.
     ref_model = load_model(cfg, device, trainable=False) if cfg.algo.beta > 0 and not cfg.model.lora.enabled else None
-    engine = build_engine(cfg, model, tokenizer, run_dir)
+    # Under FSDP the engine samples a gathered full copy, built before the model is sharded.
+    engine = distributed.rollout_engine(model, lambda m: build_engine(cfg, m, tokenizer, run_dir), dist,
+                                        cfg.train.parallelism)
     reward_fns = load_reward_functions(reward_specs(cfg))
     stream = PromptStream(cfg, dist.rank, dist.world)
-    policy = distributed.wrap(model, dist, device)
+    policy = distributed.wrap(model, dist, device, cfg.train.parallelism, cfg.train.fsdp_cpu_offload)
+    ref_model = distributed.wrap_reference(ref_model, dist, device, cfg.train.parallelism)
     optimizer = build_optimizer(cfg, model)
     scheduler = build_scheduler(cfg, optimizer)
     diagnostics = Diagnostics(run_dir if dist.is_main else None, cfg.rollout.num_generations, [rf.name for rf in reward_fns],
@@ -384,13 +386,8 @@ def _train(cfg: Config, console: Console) -> dict:
         if run.step // cfg.log.save_steps > step_before // cfg.log.save_steps or run.step >= cfg.train.max_steps:
             save_run(run)
     after = run_eval(run, "after") if cfg.log.eval_before_after else {}
-    digests = distributed.check_in_sync(run.model, run.dist)  # one gather of a hash; raises if ranks diverged
+    save_final(run.run_dir / "final", run.model, run.tokenizer, run.dist)  # every rank: FSDP gathers the weights
     if run.dist.is_main:
-        final_dir = run.run_dir / "final"
-        run.model.save_pretrained(final_dir)
-        run.tokenizer.save_pretrained(final_dir)
-        if run.dist.enabled:  # per-rank weight digests: the proof that every rank ended on these weights
-            (final_dir / "rank-digests.json").write_text(json.dumps(digests))
         run.diagnostics.close()
         run.logger.close()
     run.engine.close()

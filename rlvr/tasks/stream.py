@@ -55,6 +55,7 @@ class PromptStream:
     def __init__(self, cfg: Config, rank: int = 0, world: int = 1):
         self.cfg, self.rank, self.world = cfg, rank, world
         self.position = 0  # rows this rank has handed out
+        self.offset = 0  # where the shards start: > 0 after a resume at another number of processes
         self._rows: list[dict] | None = None
         if cfg.data.path is not None:
             self._rows = split_held_out(cfg, _file_rows(cfg, cfg.data.path))[0]
@@ -70,7 +71,7 @@ class PromptStream:
         self._it = self._shard()
 
     def _shard(self) -> Iterator[dict]:
-        return itertools.islice(self._iterate(), self.rank, None, self.world)
+        return itertools.islice(self._iterate(), self.offset + self.rank, None, self.world)
 
     def _iterate(self) -> Iterator[dict]:
         seed = self.cfg.train.seed
@@ -103,9 +104,10 @@ class PromptStream:
         return [next(it) for _ in range(n)]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"position": self.position}
+        return {"position": self.position, "offset": self.offset}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.offset = state.get("offset", 0)
         self._it = self._shard()
         self.position = 0
         for _ in range(state["position"]):

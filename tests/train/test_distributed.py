@@ -121,7 +121,7 @@ def test_two_ranks_train_log_once_and_end_with_identical_weights(tiny_model_dir,
     ckpt = out / "checkpoints" / "step-000004"
     for r in (0, 1):
         assert (ckpt / f"rng-rank{r}.pt").exists()
-        assert json.loads((ckpt / f"rank-state{r}.json").read_text())["stream"] == {"position": 8}
+        assert json.loads((ckpt / f"rank-state{r}.json").read_text())["stream"] == {"position": 8, "offset": 0}
     assert not (ckpt / "rank-state2.json").exists()
     # Both ranks ended on the saved weights: their digests (written by each rank) equal the final model's.
     from transformers import AutoModelForCausalLM

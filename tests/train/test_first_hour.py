@@ -141,17 +141,17 @@ def test_correctness_is_the_checkers_verdict_and_is_said():
 
 def test_a_full_disk_is_one_line_and_leaves_the_last_checkpoint_whole(tiny_model_dir, sum_dataset, tmp_path,
                                                                       monkeypatch):
-    import rlvr.checkpoint as ckpt
+    import torch
 
-    real = ckpt.save_file
+    real = torch.save  # the checkpoint's scheduler and RNG files go through it
 
-    def fill_up(tensors, filename, *a, **k):
+    def fill_up(obj, filename, *a, **k):
         if "step-000002" in str(filename):
             Path(filename).write_bytes(b"partial")
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(tensors, filename, *a, **k)
+        return real(obj, filename, *a, **k)
 
-    monkeypatch.setattr(ckpt, "save_file", fill_up)
+    monkeypatch.setattr(torch, "save", fill_up)
     out = tmp_path / "run"
     res = runner.invoke(app, ["train", *smoke_overrides(tiny_model_dir, sum_dataset, out, "log.save_steps=1")])
     assert res.exit_code == 1
@@ -160,7 +160,7 @@ def test_a_full_disk_is_one_line_and_leaves_the_last_checkpoint_whole(tiny_model
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001"]  # no partial folder
     state = json.loads((out / "checkpoints" / "step-000001" / "state.json").read_text())
     assert state["step"] == 1
-    monkeypatch.setattr(ckpt, "save_file", real)  # space freed: the run resumes from the whole checkpoint
+    monkeypatch.setattr(torch, "save", real)  # space freed: the run resumes from the whole checkpoint
     res = runner.invoke(app, ["train", *smoke_overrides(tiny_model_dir, sum_dataset, out, "log.save_steps=1",
                                                         "resume=true")])
     assert res.exit_code == 0, res.output
