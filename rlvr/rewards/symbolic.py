@@ -122,10 +122,13 @@ class SymbolicPool:
                 self._idle.append(worker)
             self._cond.notify()
 
-    def compare(self, gold: str, pred: str, timeout_s: float) -> Outcome:
+    def compare(self, gold: str, pred: str, timeout_s: float, gold_decimals: int | None = None) -> Outcome:
+        """``gold_decimals``: the gold is a decimal with this many places, and a prediction that
+        rounds to it is the same answer; None: the gold is exact and so must the prediction be."""
         worker = self._acquire()
         try:
-            worker.proc.stdin.write((json.dumps({"gold": gold, "pred": pred}) + "\n").encode())
+            request = {"gold": gold, "pred": pred, "decimals": gold_decimals}
+            worker.proc.stdin.write((json.dumps(request) + "\n").encode())
             worker.proc.stdin.flush()
             line = worker.read_line(time.monotonic() + timeout_s)
         except (BrokenPipeError, OSError):

@@ -20,7 +20,8 @@ def test_math_suite_is_big_and_covers_every_attack_family():
     rows = load_cases("math")
     categories = {r["category"] for r in rows}
     assert len(rows) >= 300
-    assert {"correct_form", "wrong_close", "sprayed", "hedged", "truncated", "no_anchor", "code_injection", "hang"} <= categories
+    assert {"correct_form", "wrong_close", "sprayed", "hedged", "truncated", "no_anchor", "code_injection", "hang",
+            "approx_exact", "hedge_interval", "value_words", "two_answers", "well_formed"} <= categories
     assert sum(r["expected"] for r in rows) >= 100 and sum(not r["expected"] for r in rows) >= 100
 
 
