@@ -51,7 +51,8 @@ def _json(case: dict) -> Verdict:
     from rlvr.rewards.jsoncheck import check_json
 
     return check_json(case["completion"], case["schema"], gold=case.get("gold"),
-                      incomplete_reward=float(case.get("incomplete_reward", 0.0)), truncated=bool(case.get("truncated", False)))
+                      incomplete_reward=float(case.get("incomplete_reward", 0.0)), truncated=bool(case.get("truncated", False)),
+                      timeout_s=float(case.get("timeout_s", 2.0)))
 
 
 _RUNNERS: dict[str, tuple[Callable[[dict], Verdict], tuple[str, ...], int]] = {

@@ -26,7 +26,6 @@ import ast
 import json
 import operator
 import os
-import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from rlvr.rewards.base import (
     Verdict,
     row_columns,
 )
+from rlvr.rewards.textscan import fenced_blocks
 from rlvr.rewards.sandbox import (
     Isolation,
     Limits,
@@ -47,9 +47,6 @@ from rlvr.rewards.sandbox import (
     run_sandboxed,
 )
 
-# Info string and body as two plain groups: patterns with adjacent overlapping runs (``[ \t]*``,
-# ``[\w+-]*``, ``[^\n]*``) backtrack quadratically on a long unterminated first line.
-_FENCE_RE = re.compile(r"```([^\n]*)\n(.*?)```", re.DOTALL)
 MAX_CODE_CHARS = 100_000
 
 _OPS = {
@@ -85,7 +82,7 @@ def extract_code(text: str) -> tuple[str | None, str, int]:
     if "<think>" in text and "</think>" not in text:
         return None, "unclosed_think", 0
     text = text.rsplit("</think>", 1)[-1]
-    blocks = _FENCE_RE.findall(text)
+    blocks = fenced_blocks(text)  # linear: a regex here is quadratic on a long run of backticks
     python_blocks = [b for info, b in blocks if (info.split() or [""])[0].lower() in ("", "python", "py", "python3")]
     if python_blocks:
         return python_blocks[-1], "fenced", len(python_blocks)
