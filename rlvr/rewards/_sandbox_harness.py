@@ -18,15 +18,29 @@ Isolation, chosen by the parent (``spec["isolation"]``):
     an unprivileged uid of its own, so it cannot signal or read root's processes and files.
 
 Result channel: lines ``<token>\\t<KIND>\\t<index>\\t<payload>`` on the file descriptor given
-in argv[1]. KIND is VALUE (repr of a plain-data value), ERROR (exception name), EXIT (exit code
-of a stdio program) or DONE (written only after every step ran).
+in argv[1]. KIND is VALUE (a plain-data value in the exact encoding below), ERROR (exception
+name), EXIT (exit code of a stdio program) or DONE (written only after every step ran).
+
+Value encoding (decoded by ``rlvr.rewards.sandbox.decode_value``): JSON, where null, booleans,
+integers below 2**53, strings (ASCII-escaped: newlines and backslashes round-trip exactly) and
+arrays (lists) are themselves, and other types are one-key objects: {"i": hex} big int (hex is
+not subject to Python's 4300-digit decimal limit), {"f": float.hex} float (exact, inf and nan
+included), {"c": [re, im]}, {"y": hex} bytes, {"t": [...]} tuple (namedtuples too), {"S": [...]}
+set, {"F": [...]} frozenset, {"d": [[k, v], ...]} dict (defaultdict and OrderedDict too),
+{"C": [[k, v], ...]} Counter, {"q": [num, den]} Fraction, {"D": str} Decimal. The encoder reads
+only exact builtin types through methods captured before the model's code runs, so no object
+can bring its own ``__eq__``, ``__repr__``, ``__iter__`` or ``items`` to the parent.
 """
 
+import _json
 import ctypes
 import json
 import os
 import resource
 import sys
+from collections import Counter, OrderedDict, defaultdict
+from decimal import Decimal
+from fractions import Fraction
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -36,6 +50,82 @@ MNT_DETACH = 2
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _write, _repr, _type, _eval, _exec = os.write, repr, type, eval, exec  # captured before model code runs
+MAX_VALUE_CHARS = 8 << 20  # one encoded value; larger is "too large", stated in docs/checkers.md
+_enc_str = _json.encode_basestring_ascii  # the C function itself: patching json.encoder cannot reach it
+_int_format, _float_hex, _bytes_hex, _dec_str = int.__format__, float.hex, bytes.hex, Decimal.__str__
+_dict_items, _len, _isinstance, _str_join = dict.items, len, isinstance, str.join
+_iters = {t: t.__iter__ for t in (list, tuple, set, frozenset)}
+_frac_num, _frac_den = Fraction.__dict__["_numerator"].__get__, Fraction.__dict__["_denominator"].__get__
+_complex_real, _complex_imag = complex.real.__get__, complex.imag.__get__
+_DICTS = {dict: "d", defaultdict: "d", OrderedDict: "d", Counter: "C"}
+_SEQS = {list: None, tuple: "t", set: "S", frozenset: "F"}
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _is_namedtuple(t) -> bool:
+    return t.__mro__[1:2] == (tuple,) and "_fields" in t.__dict__
+
+
+def _encode(value, out: list, depth: int = 0) -> None:
+    """Append the exact encoding of ``value`` (see the module doc) to ``out``; _NotPlain otherwise."""
+    if depth > 100:
+        raise _NotPlain("nested too deep")
+    t = _type(value)
+    if value is None:
+        out.append("null")
+    elif t is bool:
+        out.append("true" if value else "false")
+    elif t is int:
+        out.append(_int_format(value, "d") if -(1 << 53) < value < (1 << 53) else '{"i":"' + _int_format(value, "x") + '"}')
+    elif t is float:
+        out.append('{"f":"' + _float_hex(value) + '"}')
+    elif t is str:
+        out.append(_enc_str(value))
+    elif t is bytes:
+        out.append('{"y":"' + _bytes_hex(value) + '"}')
+    elif t is complex:
+        out.append('{"c":["' + _float_hex(_complex_real(value)) + '","' + _float_hex(_complex_imag(value)) + '"]}')
+    elif t is Fraction:
+        out.append('{"q":["' + _int_format(_frac_num(value), "x") + '","' + _int_format(_frac_den(value), "x") + '"]}')
+    elif t is Decimal:
+        out.append('{"D":' + _enc_str(_dec_str(value)) + "}")
+    elif t in _DICTS:
+        out.append('{"' + _DICTS[t] + '":[')
+        for n, (k, v) in enumerate(_dict_items(value)):
+            out.append("[" if n == 0 else ",[")
+            _encode(k, out, depth + 1)
+            out.append(",")
+            _encode(v, out, depth + 1)
+            out.append("]")
+        out.append("]}")
+    elif t in _SEQS or _is_namedtuple(t):
+        tag = _SEQS.get(t, "t")
+        out.append("[" if tag is None else '{"' + tag + '":[')
+        for n, item in enumerate(_iters[t if t in _SEQS else tuple](value)):
+            if n:
+                out.append(",")
+            _encode(item, out, depth + 1)
+        out.append("]" if tag is None else "]}")
+    else:
+        raise _NotPlain(t.__name__)
+    if _len(out) > 4096:  # keep the piece list short and the size bounded as we go
+        joined = _str_join("", out)
+        if _len(joined) > MAX_VALUE_CHARS:
+            raise _NotPlain("too large")
+        out[:] = [joined]
+
+
+def encode_value(value) -> str | None:
+    out: list = []
+    try:
+        _encode(value, out)
+    except (_NotPlain, RecursionError):
+        return None
+    joined = _str_join("", out)
+    return joined if _len(joined) <= MAX_VALUE_CHARS else None
 
 
 def _check(rc: int, what: str) -> None:
@@ -156,28 +246,16 @@ def _set_limits(limits: dict) -> None:
         resource.setrlimit(res, value)
 
 
-def _plain(value, depth=0) -> bool:
-    """Only builtin data crosses to the parent: no object can bring its own __eq__ or __repr__."""
-    t = _type(value)
-    if depth > 50:
-        return False
-    if t in (int, float, complex, str, bytes, bool) or value is None:
-        return True
-    if t in (list, tuple, set, frozenset):
-        return all(_plain(v, depth + 1) for v in value)
-    if t is dict:
-        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
-    return False
-
-
 def main() -> None:
     fd = int(sys.argv[1])
     spec = json.loads(sys.stdin.buffer.read())
     token = spec["token"]
 
     def emit(kind: str, index: int, payload: str = "") -> None:
-        payload = payload.replace("\n", "\\n")[: 1 << 20]
-        _write(fd, f"{token}\t{kind}\t{index}\t{payload}\n".encode())
+        payload = payload.replace("\n", " ")  # values are ASCII-escaped JSON: no raw newline is ever lost
+        data = f"{token}\t{kind}\t{index}\t{payload}\n".encode()
+        while data:
+            data = data[_write(fd, data):]
 
     try:
         root_fallback = spec["isolation"] == "rlimits" and os.geteuid() == 0
@@ -221,7 +299,21 @@ def main() -> None:
     import builtins
 
     mode = spec["mode"]
-    namespace = {"__name__": "__main__" if mode == "stdio" else "solution", "__builtins__": builtins}
+    # Dataset conventions: a stdio program runs as __main__; a function-style solution is the
+    # module ``solution`` (tests may ``from solution import f`` or ``import solution``), also
+    # written to ./solution.py so that multiprocessing children and subprocesses can import it.
+    with open("solution.py", "w") as f:
+        f.write(spec["source"])
+    sys.path.insert(0, os.getcwd())
+    if mode == "stdio":
+        namespace = {"__name__": "__main__", "__builtins__": builtins, "__file__": os.path.abspath("solution.py")}
+    else:
+        import types
+
+        module = types.ModuleType("solution")
+        module.__file__ = os.path.abspath("solution.py")
+        sys.modules["solution"] = module
+        namespace = module.__dict__
     try:
         code = compile(spec["source"], "solution.py", "exec")
         exec(code, namespace)  # noqa: S102 - running the model's program is this sandbox's job
@@ -243,7 +335,8 @@ def main() -> None:
                 emit("OK", index)
             else:
                 value = _eval(step["code"], namespace)
-                emit("VALUE", index, _repr(value) if _plain(value) else "<not plain data>")
+                encoded = encode_value(value)
+                emit("VALUE", index, encoded if encoded is not None else "<not plain data>")
         except SystemExit:
             sys.stdout.flush()
             emit("EXIT", index)

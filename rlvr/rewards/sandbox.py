@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 HARNESS_PATH = Path(__file__).with_name("_sandbox_harness.py")
+MAX_VALUE_CHARS = 8 << 20  # one returned value, encoded (the harness's limit): ~1M small ints in a list
+CHANNEL_BYTES = 64 << 20  # all values of one run together
 Isolation = Literal["auto", "namespaces", "bwrap", "rlimits"]
 
 
@@ -348,7 +350,7 @@ def _pump(proc: subprocess.Popen, spec: bytes, result_r: int, deadline: float, c
                         sel.unregister(fd)
                         continue
                     buffers[fd] += chunk
-                    limit = cap if fd != result_r else 4 * cap
+                    limit = cap if fd != result_r else max(4 * cap, CHANNEL_BYTES)
                     if len(buffers[fd]) > limit:
                         result.output_overflow = True
             if result.output_overflow:
@@ -406,7 +408,7 @@ def _parse_channel(channel: bytes, token: str, result: RunResult) -> None:
         if kind == "NOTE":
             result.notes.append(payload)
             continue
-        result.records.append((kind, idx, payload.replace("\\n", "\n")))
+        result.records.append((kind, idx, payload))
         if kind == "DONE":
             result.done = True
 
@@ -418,6 +420,56 @@ def _parse_channel(channel: bytes, token: str, result: RunResult) -> None:
 
 class NotLiteral(ValueError):
     pass
+
+
+def decode_value(payload: str) -> Any:
+    """The value the harness encoded (see ``_sandbox_harness``'s module doc): exact and reversible
+    for any string, any int, floats (inf, nan), bytes, complex, Fraction, Decimal and containers;
+    Counter stays a Counter, other dict subclasses become dicts and namedtuples tuples."""
+    from collections import Counter
+    from decimal import Decimal
+    from fractions import Fraction
+
+    if len(payload) > MAX_VALUE_CHARS + 64:
+        raise NotLiteral("value too large")
+    try:
+        tree = json.loads(payload)
+    except (ValueError, RecursionError) as exc:
+        raise NotLiteral(f"not an encoded value: {exc}") from None
+
+    def build(node: Any) -> Any:
+        if node is None or isinstance(node, (bool, int, str)):
+            return node
+        if isinstance(node, list):
+            return [build(x) for x in node]
+        if not isinstance(node, dict) or len(node) != 1:
+            raise NotLiteral("malformed value")
+        (tag, body), = node.items()
+        if tag == "i":
+            return int(body, 16)
+        if tag == "f":
+            return float.fromhex(body)
+        if tag == "c":
+            return complex(float.fromhex(body[0]), float.fromhex(body[1]))
+        if tag == "y":
+            return bytes.fromhex(body)
+        if tag == "q":
+            return Fraction(int(body[0], 16), int(body[1], 16))
+        if tag == "D":
+            return Decimal(body)
+        if tag == "t":
+            return tuple(build(x) for x in body)
+        if tag in ("S", "F"):
+            return (set if tag == "S" else frozenset)(build(x) for x in body)
+        if tag in ("d", "C"):
+            pairs = {build(k): build(v) for k, v in body}
+            return Counter(pairs) if tag == "C" else pairs
+        raise NotLiteral(f"unknown value tag {tag!r}")
+
+    try:
+        return build(tree)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise NotLiteral(f"malformed value: {exc}") from None
 
 
 def literal_value(node: ast.AST | str) -> Any:

@@ -108,10 +108,66 @@ def test_rlimits_fallback_runs_and_says_so():
 
 
 def test_expected_values_never_enter_the_sandbox():
-    compiled = compile_assert_tests(["assert f(2) == 12345", "assert 777 == g()", "assert h(1) != 'secret'"])
-    sent = json.dumps(compiled.steps)
-    assert "12345" not in sent and "777" not in sent and "secret" not in sent
-    assert [c.kind for t in compiled.tests for c in t] == ["compare"] * 3
+    tests = [
+        "assert f(2) == 12345", "assert 777 == g()", "assert h(1) != 'secret'",
+        "assert abs(area(2) - 12.566) < 1e-6", "assert f(1) == 4242 and f(2) == 4343", "assert 0 < f(3) < 9191 == 9191",
+        "assert all(f(x) == y for x, y in [(1, 5151), (2, 5252)])", "for x, y in [(1, 6161), (2, 6262)]:\n    assert f(x) == y",
+        "CASES = [(1, 7171)]\nfor a, b in CASES:\n    assert f(a) == b", "import math\nassert math.isclose(f(1), 8.125, rel_tol=1e-9)",
+    ]
+    compiled = compile_assert_tests(tests)
+    sent = json.dumps([s for s in compiled.steps if s["kind"] == "eval"])
+    for literal in ("12345", "777", "secret", "12.566", "4242", "4343", "9191", "5151", "5252", "6161", "6262", "7171", "8.125"):
+        assert literal not in sent, literal
+    assert compiled.not_tamper_proof() == []
+    # a comparison of two computed values, or an assert inside a helper, is judged in the sandbox: reported
+    shaky = compile_assert_tests(["assert f(3) == reference(3)", "def check():\n    assert f(1) == 2\ncheck()", "assert f(1) == 2"])
+    assert shaky.not_tamper_proof() == [0, 1]
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        "class Z:\n    def __sub__(s, o): return 0\n    __rsub__ = __sub__\n    def __abs__(s): return 0\n    def __lt__(s, o): return True\n"
+        "def area(r):\n    return Z()\n",
+        "import builtins\nbuiltins.abs = lambda x: 0\ndef area(r):\n    return 0.0\n",
+        "import math\nmath.isclose = lambda *a, **k: True\ndef area(r):\n    return 0.0\n",
+        "class T(float):\n    def __sub__(s, o): return 0.0\n    __rsub__ = __sub__\ndef area(r):\n    return T(1.0)\n",
+        "def area(r):\n    return 1.0\n",
+    ],
+)
+def test_tolerance_asserts_are_judged_in_the_parent(program):
+    tests = ["assert abs(area(2) - 12.566370614359172) < 1e-6", "import math\nassert math.isclose(area(2), 12.566370614359172)"]
+    v = check_code(program, tests, limits=FAST)
+    assert not v.correct and v.extra["passed"] == 0, v.extra
+    assert check_code("import math\ndef area(r):\n    return math.pi * r * r\n", tests, limits=FAST).correct
+
+
+@pytest.mark.parametrize(
+    "program, tests, expected",
+    [
+        ("def f(s):\n    return s\n", ["assert f('a\\nb\\\\n') == 'a\\nb\\\\n'", "assert f('\\\\n') == '\\\\n'"], True),
+        ("def f(s):\n    return s.replace('\\n', '\\\\n')\n", ["assert f('a\\nb') == 'a\\nb'"], False),
+        ("def f():\n    return 7 ** 6000\n", ["assert f() == 7 ** 6000"], True),
+        ("def f():\n    return 7 ** 6000 + 1\n", ["assert f() == 7 ** 6000"], False),
+        ("def f():\n    return list(range(300000))\n", ["assert f() == list(range(300000))"], True),
+        ("from fractions import Fraction\ndef f():\n    return Fraction(1, 3)\n", ["from fractions import Fraction\nassert f() == Fraction(1, 3)"], True),
+        ("from decimal import Decimal\ndef f():\n    return Decimal('1.5')\n", ["from decimal import Decimal\nassert f() == Decimal('1.5')"], True),
+        ("from collections import Counter\ndef f():\n    return Counter('aab')\n", ["assert f() == {'a': 2, 'b': 1}"], True),
+        ("from collections import defaultdict\ndef f():\n    d = defaultdict(int)\n    d['a'] += 1\n    return d\n", ["assert f() == {'a': 1}"], True),
+        ("from collections import namedtuple\nP = namedtuple('P', 'x y')\ndef f():\n    return P(1, 2)\n", ["assert f() == (1, 2)"], True),
+        ("def f():\n    return float('nan'), float('inf'), -0.0, b'\\x00', 1 + 2j\n", ["import math\nassert math.isnan(f()[0]) and f()[1:] == (float('inf'), 0.0, b'\\x00', 1 + 2j)"], True),
+    ],
+)
+def test_plain_data_round_trip_is_exact(program, tests, expected):
+    v = check_code(program, tests, limits=FAST)
+    assert v.correct is expected, (v.reason, v.extra)
+
+
+def test_dataset_conventions_solution_module_and_multiprocessing():
+    program = "from multiprocessing import Pool\ndef sq(x):\n    return x * x\ndef f(xs):\n    with Pool(2) as p:\n        return p.map(sq, xs)\n"
+    tests = ["from solution import f\nassert f([1, 2, 3]) == [1, 4, 9]", "import solution\nassert solution.sq(4) == 16"]
+    v = check_code(program, tests, limits=Limits(timeout_s=10.0, memory_mb=512))
+    assert v.correct, (v.reason, v.extra)
 
 
 def test_literal_reader_handles_repr_forms_and_refuses_code():
