@@ -6,12 +6,13 @@ JSON spec from stdin (the parent closes stdin after it), so nothing the model co
 on disk; expected values are never in the spec at all — the parent keeps them.
 
 Isolation, chosen by the parent (``spec["isolation"]``):
-  * ``namespaces`` (the parent is root): new network, mount, IPC, UTS and PID namespaces; fresh
-    tmpfs on /tmp, /var/tmp, /dev/shm and /proc; directories the interpreter needs but that are
-    private to root (e.g. /root/.pyenv under a 0700 /root) are re-exposed read-only-by-permission
-    under an otherwise empty tmpfs; then the model's code runs as PID 1 of the new PID namespace
-    under an unprivileged uid of its own, so RLIMIT_NPROC binds (root ignores it) and, when PID 1
-    exits or is killed, the kernel kills and reaps everything it started, setsid or not.
+  * ``namespaces`` (the parent is root): new network, mount, IPC, UTS and PID namespaces and an
+    *empty root*: a tmpfs holding only /usr, the interpreter's prefixes (read-only), a private
+    writable /tmp and /dev/shm, a few devices and its own /proc (``_build_root``), entered with
+    pivot_root; the host's files, the project, the case files and host unix sockets do not exist
+    there. The model's code runs as PID 1 of the new PID namespace under an unprivileged uid of
+    its own, so RLIMIT_NPROC binds (root ignores it) and, when PID 1 exits or is killed, the
+    kernel kills and reaps everything it started, setsid or not.
   * ``bwrap``: the parent wrapped this process in bubblewrap; only rlimits are set here.
   * ``rlimits`` (fallback): rlimits, and a network namespace when unprivileged user namespaces
     are available; when the parent is root (without CAP_SYS_ADMIN), the program also runs under
@@ -139,74 +140,87 @@ def _mount(source, target, fstype, flags, data=None) -> None:
     _check(_libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
-def _blocked_ancestor(path: str):
-    """(ancestor that a non-root uid cannot traverse, child of it on the way to path) or None."""
-    parts = os.path.realpath(path).split("/")[1:]
-    current = ""
-    for i, part in enumerate(parts[:-1]):
-        current += "/" + part
-        if not os.stat(current).st_mode & 0o001:
-            return current, current + "/" + parts[i + 1]
-    return None
+# What the program's filesystem holds (namespaces isolation): an empty tmpfs root with these bound
+# read-only, plus the interpreter's own prefixes; nothing else of the host exists for it.
+SYSTEM_PATHS = ("/usr", "/etc/ld.so.cache", "/etc/localtime")
+SYMLINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+DEVICES = ("null", "zero", "full", "random", "urandom")
+MS_RDONLY, MS_REMOUNT, MS_MOVE = 1, 32, 8192
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 
 
-def _expose_interpreter() -> None:
-    """Make the running interpreter's own files reachable for the unprivileged uid.
-
-    Under a 0700 ancestor (pyenv's /root/.pyenv), mount an empty 0755 tmpfs over the ancestor and
-    bind back only the subtrees the interpreter uses: the sandbox sees /root/.pyenv and nothing
-    else of /root.
-    """
-    needed = _interpreter_paths()
-    plan: dict[str, set[str]] = {}
-    for path in needed:
-        hit = _blocked_ancestor(path)
-        if hit:
-            plan.setdefault(hit[0], set()).add(hit[1])
-    for n, (ancestor, children) in enumerate(sorted(plan.items())):
-        staged = []
-        for k, child in enumerate(sorted(children)):
-            stage = f"/tmp/.stage{n}_{k}"
-            os.mkdir(stage, 0o700) if os.path.isdir(child) else open(stage, "w").close()
-            _mount(child, stage, None, MS_BIND | MS_REC)
-            staged.append((stage, child))
-        _mount("tmpfs", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-        for stage, child in staged:
-            os.mkdir(child, 0o755) if os.path.isdir(stage) else open(child, "w").close()
-            _mount(stage, child, None, MS_BIND | MS_REC)
-            _check(_libc.umount2(stage.encode(), MNT_DETACH), f"umount {stage}")
-            os.rmdir(stage) if os.path.isdir(stage) else os.unlink(stage)
+def root_paths() -> list:
+    """Real paths bound read-only into the sandbox's root: system libraries and the interpreter's
+    prefixes (a venv and the Python it was made from). Editable-install source folders that .pth
+    files put on sys.path are *not* bound: the project's own files stay invisible."""
+    wanted = {*SYSTEM_PATHS, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+              os.path.dirname(os.path.realpath(sys.executable))}
+    real = sorted({os.path.realpath(p) for p in wanted if os.path.exists(p)})
+    return [p for i, p in enumerate(real) if not any(p.startswith(q + "/") or p == q for q in real[:i])]
 
 
-def _interpreter_paths() -> set:
-    """Files and folders the running interpreter may still read: its prefixes and sys.path."""
-    needed = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable)}
-    return needed | {p for p in sys.path if p and os.path.exists(p)}
+def _pivot_root(root: str) -> None:
+    os.chdir(root)
+    os.mkdir(".old", 0o700)
+    number = SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is not None and _libc.syscall(number, b".", b".old") == 0:
+        os.chdir("/")
+        _check(_libc.umount2(b"/.old", MNT_DETACH), "umount old root")
+        os.rmdir("/.old")
+        return
+    # No pivot_root here: move the new root over / and chroot into it (the program runs without
+    # CAP_SYS_CHROOT, so it cannot climb out).
+    os.rmdir(".old")
+    _mount(root, "/", None, MS_MOVE)
+    _check(_libc.chroot(b"."), "chroot")
+    os.chdir("/")
 
 
-def _pin_under(top: str) -> list:
-    """O_PATH handles on the topmost interpreter paths under ``top`` (a venv in a checkout under
-    /tmp, as CI clones often are), taken before a tmpfs covers ``top``; `_restore_pinned` binds
-    them back. Without this the interpreter loses its own files and the sandbox cannot start."""
-    inside = sorted(os.path.realpath(p) for p in _interpreter_paths() if os.path.realpath(p).startswith(top + "/"))
-    tops = [p for i, p in enumerate(inside) if not any(p.startswith(q + "/") or p == q for q in inside[:i])]
-    return [(p, os.open(p, os.O_PATH)) for p in tops]
-
-
-def _restore_pinned(pinned: list) -> None:
+def _build_root(spec: dict, uid: int) -> None:
+    """Replace the filesystem with an empty root: system libraries and the interpreter read-only,
+    a private /tmp (the only writable place, ``tmpfs_mb``), /dev/shm (multiprocessing's
+    semaphores), a few devices and a /proc of the sandbox's own PID namespace. Host sockets on the
+    filesystem (/run/*.sock, /tmp/.X11-unix) do not exist in it; abstract sockets belong to the
+    network namespace, which is new too."""
+    tmp_mb = int(spec["limits"]["tmpfs_mb"])
+    pinned = [(p, os.open(p, os.O_PATH)) for p in root_paths()]  # before a tmpfs covers /tmp (CI checkouts)
+    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0700")
+    root = "/tmp/root"
+    os.mkdir(root, 0o755)
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
     for path, fd in pinned:
+        target = root + path
         handle = f"/proc/self/fd/{fd}"
         if os.path.isdir(handle):
-            os.makedirs(path, 0o755, exist_ok=True)
+            os.makedirs(target, 0o755, exist_ok=True)
         else:
-            os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
-            open(path, "w").close()
-        _mount(handle, path, None, MS_BIND | MS_REC)
+            os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+            open(target, "w").close()
+        _mount(handle, target, None, MS_BIND | MS_REC)
+        _mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
         os.close(fd)
+    for link in SYMLINKS:
+        if os.path.islink(link):
+            os.symlink(os.readlink(link), root + link)
+    os.mkdir(root + "/dev", 0o755)
+    for name in DEVICES:
+        if os.path.exists("/dev/" + name):
+            open(f"{root}/dev/{name}", "w").close()
+            _mount("/dev/" + name, f"{root}/dev/{name}", None, MS_BIND)
+    for path, flags in (("/tmp", MS_NOSUID | MS_NODEV), ("/dev/shm", MS_NOSUID | MS_NODEV | MS_NOEXEC)):
+        os.makedirs(root + path, 0o755, exist_ok=True)
+        _mount("tmpfs", root + path, "tmpfs", flags, f"size={tmp_mb}m,mode=1777")
+    os.mkdir(root + "/proc", 0o555)
+    _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _pivot_root(root)
+    os.mkdir("/tmp/work", 0o700)
+    os.chown("/tmp/work", uid, uid)
+    os.chdir("/tmp/work")
 
 
 def _enter_namespaces(spec: dict) -> None:
-    """Runs as root in the harness; returns in the forked PID-1 child, as the sandbox uid."""
+    """Runs as root in the harness; returns in the forked PID-1 child, as the sandbox uid, inside
+    an empty root (``_build_root``)."""
     _check(_libc.unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID), "unshare")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     pid = os.fork()
@@ -214,18 +228,7 @@ def _enter_namespaces(spec: dict) -> None:
         _, status = os.waitpid(pid, 0)
         os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
     uid = int(spec["uid"])
-    tmp_mb = int(spec["limits"]["tmpfs_mb"])
-    pinned = _pin_under("/tmp")
-    _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmp_mb}m,mode=1777")
-    _restore_pinned(pinned)
-    _expose_interpreter()
-    for path in ("/var/tmp", "/dev/shm"):
-        if os.path.isdir(path):
-            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=1m,mode=1777")
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    os.mkdir("/tmp/work", 0o700)
-    os.chown("/tmp/work", uid, uid)
-    os.chdir("/tmp/work")
+    _build_root(spec, uid)
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)  # drops every capability: the rest runs as an ordinary user

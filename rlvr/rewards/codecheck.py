@@ -61,6 +61,10 @@ from rlvr.rewards.sandbox import (
 )
 
 MAX_CODE_CHARS = 100_000
+RLIMITS_WARNING = (
+    "isolation=rlimits: the program saw the host filesystem and could reach unix sockets on it; "
+    "install bubblewrap (apt-get install bubblewrap) or run as root with CAP_SYS_ADMIN for an empty root"
+)
 
 _CMP = {
     ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt,
@@ -368,7 +372,8 @@ class _Fail(Exception):
 
 
 def _guard_pow(a: Any, b: Any) -> None:
-    if isinstance(a, int) and isinstance(b, int) and not isinstance(a, bool) and b > 10_000 and abs(a) > 1:
+    # a test's own literal like 3 ** 20000 is cheap; a computed exponent must not make the parent build a 1 GB int
+    if isinstance(a, int) and isinstance(b, int) and abs(a) > 1 and b > 0 and b * abs(a).bit_length() > 10_000_000:
         raise _Fail("exponent too large to evaluate")
 
 
@@ -584,6 +589,8 @@ def check_code(text: str, tests: Any, *, truncated: bool = False, limits: Limits
         # is only as strong as the sandbox's own Python (see docs/checkers.md)
         verdict.extra["not_tamper_proof"] = not_tamper_proof
     notes = sorted({n for r in all_runs for n in r.notes})
+    if all_runs[0].isolation == "rlimits":
+        notes.append(RLIMITS_WARNING)
     if notes:
         verdict.extra["notes"] = notes  # e.g. the rlimits fallback could not remove the network
     tamper = [o for o in outcomes if o and o.startswith("tampering")]

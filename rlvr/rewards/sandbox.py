@@ -129,30 +129,37 @@ def _explicit_isolation(isolation: str) -> str:
     return isolation
 
 
-def bwrap_argv(workdir: str) -> list[str]:
-    """bubblewrap wrapper: read-only root, private /tmp and /dev, no network, new session, dies with us."""
+def root_paths() -> list[str]:
+    """What the sandbox's otherwise empty root holds, read-only: system libraries and this
+    interpreter's prefixes (the harness computes the same list for the namespaces isolation)."""
+    wanted = {"/usr", "/etc/ld.so.cache", "/etc/localtime", sys.prefix, sys.base_prefix, sys.exec_prefix,
+              sys.base_exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    real = sorted({os.path.realpath(p) for p in wanted if os.path.exists(p)})
+    return [p for i, p in enumerate(real) if not any(p.startswith(q + "/") or p == q for q in real[:i])]
+
+
+def bwrap_argv(workdir: str, tmpfs_mb: int) -> list[str]:
+    """bubblewrap wrapper: an empty root with only the interpreter and system libraries bound
+    read-only, private sized /tmp and /dev/shm, new /dev and /proc, no network, new session,
+    dies with us. ``workdir`` (0700, deleted after the run) is the working directory."""
+    size = str(tmpfs_mb << 20)
+    links = [a for link in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32") if os.path.islink(link)
+             for a in ("--symlink", os.readlink(link), link)]
     return [
         shutil.which("bwrap") or "bwrap",
-        "--ro-bind", "/", "/",
+        *[arg for path in root_paths() for arg in ("--ro-bind", path, path)],
+        "--ro-bind", str(HARNESS_PATH), str(HARNESS_PATH),
+        *links,
         "--dev", "/dev",
         "--proc", "/proc",
-        "--tmpfs", "/tmp",
-        # The interpreter, its venv and the harness may live under /tmp (a CI checkout): bind them
-        # back read-only over the fresh tmpfs, or the sandbox cannot start.
-        *[arg for path in _interpreter_paths_under("/tmp") for arg in ("--ro-bind", path, path)],
+        "--size", size, "--tmpfs", "/tmp",
+        "--size", size, "--tmpfs", "/dev/shm",
         "--bind", workdir, workdir,
         "--chdir", workdir,
         "--unshare-all",
         "--die-with-parent",
         "--new-session",
     ]
-
-
-def _interpreter_paths_under(top: str) -> list[str]:
-    """Topmost of the paths the harness needs (interpreter, prefixes, the harness file) under ``top``."""
-    needed = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable), str(HARNESS_PATH)}
-    inside = sorted(os.path.realpath(p) for p in needed if os.path.realpath(p).startswith(top + "/"))
-    return [p for i, p in enumerate(inside) if not any(p.startswith(q + "/") for q in inside[:i])]
 
 
 def _sweep(predicate, max_passes: int = 50) -> int:
@@ -248,7 +255,7 @@ def run_sandboxed(
     }
     argv = [sys.executable, "-I", str(HARNESS_PATH)]
     if chosen == "bwrap":
-        argv = bwrap_argv(workdir) + argv
+        argv = bwrap_argv(workdir, limits.tmpfs_mb) + argv
     result_r, result_w = os.pipe()
     result = RunResult(isolation=chosen)
     start = time.monotonic()

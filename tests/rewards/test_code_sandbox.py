@@ -105,6 +105,45 @@ def test_rlimits_fallback_kills_a_detached_child_by_its_marker():
 def test_rlimits_fallback_runs_and_says_so():
     v = check_code("def add(a, b):\n    return a + b\n", ["assert add(1, 2) == 3"], limits=FAST, isolation="rlimits")
     assert v.correct and v.extra["isolation"] == "rlimits"
+    assert any("host filesystem" in note for note in v.extra["notes"])
+
+
+@pytest.mark.parametrize("isolation", ["namespaces", "bwrap"])
+def test_empty_root_hides_host_files_sockets_and_keeps_nothing(tmp_path, isolation):
+    import shutil
+    import tempfile
+
+    if isolation == "namespaces" and os.geteuid() != 0 or isolation == "bwrap" and shutil.which("bwrap") is None:
+        pytest.skip(f"{isolation} isolation is not available here")
+    host_tmp = Path(tempfile.mkdtemp(prefix="rlvr-host-", dir="/tmp"))
+    try:
+        os.chmod(host_tmp, 0o777)
+        secret = host_tmp / "cases.jsonl"
+        secret.write_text('{"expected": 5}')
+        os.chmod(secret, 0o644)
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(host_tmp / "host.sock"))
+        os.chmod(host_tmp / "host.sock", 0o777)
+        server.listen(1)
+        probe = (
+            "import os, socket\n"
+            f"def secret():\n    return open({str(secret)!r}).read()\n"
+            f"def sock():\n    s = socket.socket(socket.AF_UNIX)\n    s.connect({str(host_tmp / 'host.sock')!r})\n    return 1\n"
+            "def project():\n    return os.path.exists(" + repr(str(Path(__file__).resolve())) + ")\n"
+            f"def persist():\n    open({str(host_tmp / 'left.txt')!r}, 'w').write('x')\n    return 1\n"
+            "def scratch():\n    import tempfile\n    with open(os.path.join(tempfile.gettempdir(), 'mine.txt'), 'w') as f:\n        f.write('ok')\n    return 1\n"
+        )
+        tests = ["assert secret() == 'x'", "assert sock() == 1", "assert project() is False", "assert persist() == 1", "assert scratch() == 1"]
+        v = check_code(probe, tests, limits=FAST, isolation=isolation)
+        outcome = dict(v.extra["failures"])
+        assert "OSError" in outcome[0] or "FileNotFoundError" in outcome[0], outcome  # the case file is not there
+        assert 1 in outcome, outcome  # nor the host's socket
+        assert 2 not in outcome  # the project's files do not exist for it
+        assert 3 in outcome and not (host_tmp / "left.txt").exists()  # nothing written outside its private tmp
+        assert 4 not in outcome  # its own tmp is writable
+        server.close()
+    finally:
+        shutil.rmtree(host_tmp, ignore_errors=True)
 
 
 def test_expected_values_never_enter_the_sandbox():
