@@ -331,6 +331,11 @@ def _pump(proc: subprocess.Popen, spec: bytes, result_r: int, deadline: float, c
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                # This thread may wake late (another thread held the GIL): a program that already
+                # finished is judged on what it wrote, not on when the parent got round to it.
+                if _has_exited(proc.pid):
+                    _drain(buffers)
+                    break
                 result.timed_out = True
                 break
             events = sel.select(timeout=min(remaining, 0.05 if exit_fd is None else remaining))

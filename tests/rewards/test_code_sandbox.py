@@ -266,3 +266,33 @@ def test_rlimits_fallback_as_root_cannot_signal_root_processes():
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_busy_parent_thread_does_not_time_out_a_finished_program():
+    # A thread holding the GIL past the deadline (a slow parse elsewhere in the batch) used to make
+    # the pump wake after the deadline and score a program that had long finished as a timeout.
+    import time
+
+    from rlvr.rewards import sandbox
+
+    real_select = sandbox.selectors.DefaultSelector
+
+    class LateSelector(real_select):
+        slept = False
+
+        def select(self, timeout=None):
+            # once the spec is written (stdin unregistered), stall past the deadline as if another
+            # thread held the GIL; the program finishes meanwhile
+            if not LateSelector.slept and len(self.get_map()) <= 4:
+                LateSelector.slept = True
+                time.sleep(2.5)
+                return []  # woke up late with nothing read yet: the next look is past the deadline
+            return super().select(timeout)
+
+    sandbox.selectors.DefaultSelector = LateSelector
+    try:
+        run = run_sandboxed("def f():\n    return 1\n", [{"kind": "eval", "code": "f()"}], limits=Limits(timeout_s=2.0))
+    finally:
+        sandbox.selectors.DefaultSelector = real_select
+    assert LateSelector.slept
+    assert not run.timed_out and run.done and ("VALUE", 0, "1") in run.records, run
