@@ -80,6 +80,7 @@ class WorkerPool:
         self._idle: list[_Worker] = []
         self._live = 0
         self._cond = threading.Condition()
+        self._closed = False
         self.timeouts = 0  # comparisons killed at their deadline since the pool started
         self.restarts = 0
 
@@ -114,6 +115,25 @@ class WorkerPool:
                 self._cond.notify()
             raise
 
+    def _replace(self) -> None:
+        """Start the killed worker's successor in the background (its slot stays counted), so the
+        next request waits for it only if it arrives before the imports are done, and a timeout
+        is never followed by one caller paying seconds of start-up."""
+
+        def spawn() -> None:
+            try:
+                worker = self._spawn()
+            except BaseException:  # noqa: BLE001 - the next request retries and reports the start failure
+                self._release(None)
+                return
+            if self._closed:
+                worker.kill()
+                self._release(None)
+                return
+            self._release(worker)
+
+        threading.Thread(target=spawn, name=f"{self.script.stem}-respawn", daemon=True).start()
+
     def _release(self, worker: _Worker | None) -> None:
         with self._cond:
             if worker is None:
@@ -134,11 +154,11 @@ class WorkerPool:
         if line is None:
             timed_out = worker.proc.poll() is None
             worker.kill()
-            self._release(None)
             with self._cond:
                 if timed_out:
                     self.timeouts += 1
                 self.restarts += 1
+            self._replace()
             return ("timeout" if timed_out else "error"), None
         self._release(worker)
         try:
@@ -147,6 +167,7 @@ class WorkerPool:
             return "error", None
 
     def close(self) -> None:
+        self._closed = True
         with self._cond:
             idle, self._idle = self._idle, []
             self._live -= len(idle)
