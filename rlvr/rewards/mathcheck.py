@@ -41,7 +41,7 @@ from rlvr.rewards.symbolic import get_pool
 # ``<open>(.*?)<close>`` scans (quadratic with many openers and no closer: tags are found with
 # ``str.find``). Each is exercised on generated worst cases in the tests.
 _ANCHOR_RE = re.compile(
-    r"(?im)(?:\b(?:final|correct|right)[ \t]+answer|\bthe[ \t]+answer|^[^\w\n]{0,8}answer)[^\w\n]{0,4}?[ \t]{0,8}"
+    r"(?im)(?:\b(?:final|correct|right)[ \t]+answer|\bthe[ \t]+answer|^[^\w\n]{0,8}(?:\\text(?:bf|it)?\{)?answer)[^\w\n]{0,4}?[ \t]{0,8}"
     r"(?:is\b|:|=|—|–)[ \t:*]{0,8}([^\n]*)"
 )
 # A heading with the answer under it: "#### Final Answer", "**Final Answer**", "### Answer".
@@ -53,6 +53,7 @@ _BRACE_RE = re.compile(r"[{}]")
 # Words after a stated final answer that take it back: "Answer: 18. No wait, that's wrong."
 _RETRACT_RE = re.compile(
     r"(?i)\b(?:wait|wrong|incorrect|oops|scratch that|on second thought|made an error|my mistake|not right|"
+    r"actually,? no|no,? actually|correction|"
     r"let me (?:redo|recompute|recalculate|reconsider|re-?check|try again|start over))\b"
 )
 _SHORT_ANSWER_MAX = 60  # chars: a bare completion longer than this is prose, not an answer
@@ -138,6 +139,8 @@ def _clip_anchor(s: str) -> str:
     # "The answer is 18 because ..." / "Answer: 18. Done." -> "18"; Minerva's "Final Answer: The
     # final answer is $18$. I hope it is correct." -> "$18$"; "the answer is 9 + 9 = 18" -> "18".
     s = _NESTED_ANCHOR_RE.sub("", s.strip(), count=1)
+    if s.startswith("}"):  # "\textbf{Answer:} 18": the rest of the anchor's markup
+        s = s.lstrip("}*: \t")
     m = _CLIP_RE.search(s)  # one forward search: linear (a leading \s+ would rescan whitespace runs)
     if m:
         s = s[: m.start()]
@@ -243,7 +246,8 @@ def extract_candidates(text: str) -> tuple[list[Candidate], str]:
 
 _HEDGE_RE = re.compile(
     r"\b(?:or|either|nor|maybe|perhaps|possibly|probably|likely|approximately|approx|about|around|"
-    r"roughly|nearly|almost|between|guess|could|might|unsure|uncertain|alternatively)\b|\\lor\b|\\approx\b|≈|\\sim\b|\?"
+    r"roughly|nearly|almost|between|guess|could|might|unsure|uncertain|alternatively)\b|\\lor\b|\\approx\b|≈|≃|"
+    r"\\sim\b|\?|(?<![\w}])~(?=\s*[\d.])"
 )
 _TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|operatorname|underline|bm|boldsymbol|emph)\s*\{([^{}]*)\}")
 _COLOR_RE = re.compile(r"\\(?:textcolor|colorbox)\s*\{[^{}]*\}\s*\{([^{}]*)\}|\\color\s*\{[^{}]*\}")
@@ -275,6 +279,7 @@ _UNIT_TOKEN_RE = re.compile(r"^([a-zA-Z/]+)(?:\^?\{?[23]\}?)?\.?$")  # "cm", "cm
 
 
 def _is_unit(word: str) -> bool:
+    word = word[1:] if word.startswith("/") and len(word) > 1 else word  # "$18/hour": a rate
     if word in ("M", "B", "K", "T", "k", "bn", "mn"):  # 18M, 18K: million, thousand -- magnitudes, not units
         return False
     m = _UNIT_TOKEN_RE.match(word)
