@@ -179,12 +179,28 @@ def _bind(target: ast.AST, value: Any, env: dict[str, Any]) -> None:
         raise _NotInParent
 
 
-def _call_name(func: ast.AST) -> str | None:
+_PURE_MODULES = ("math", "fractions", "decimal", "collections")
+
+
+def _call_name(func: ast.AST, aliases: dict[str, str]) -> str | None:
+    """The _PURE name a call refers to, through the test's own imports (``from math import
+    isclose``, ``import math as m``), or None."""
     if isinstance(func, ast.Name):
-        return func.id
-    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in ("math", "fractions", "decimal", "collections"):
-        return func.value.id + "." + func.attr
+        return aliases.get(func.id, func.id)
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        module = aliases.get(func.value.id, func.value.id)
+        if module in _PURE_MODULES:
+            return module + "." + func.attr
     return None
+
+
+def _imported_names(stmt: ast.stmt) -> dict[str, str]:
+    """Names a test's import binds to a pure module or one of its functions."""
+    if isinstance(stmt, ast.ImportFrom) and stmt.module in _PURE_MODULES and not stmt.level:
+        return {a.asname or a.name: f"{stmt.module}.{a.name}" for a in stmt.names if a.name != "*"}
+    if isinstance(stmt, ast.Import):
+        return {a.asname or a.name: a.name for a in stmt.names if a.name in _PURE_MODULES}
+    return {}
 
 
 class _Planner:
@@ -192,6 +208,7 @@ class _Planner:
 
     def __init__(self, compiled: CompiledTests):
         self.compiled = compiled
+        self.aliases: dict[str, str] = {}  # this test's imports of pure functions and modules
 
     def leaf(self, node: ast.AST, env: dict[str, Any]) -> tuple:
         code = ast.unparse(_Substitute(env).visit(ast.parse(ast.unparse(node), mode="eval")).body)
@@ -218,7 +235,7 @@ class _Planner:
             return ("slice", *parts)
         if isinstance(node, ast.IfExp):
             return ("ifexp", self.plan(node.test, env), self.plan(node.body, env), self.plan(node.orelse, env))
-        name = _call_name(node.func) if isinstance(node, ast.Call) else None
+        name = _call_name(node.func, self.aliases) if isinstance(node, ast.Call) else None
         if name in _PURE and name not in env and not any(isinstance(a, ast.Starred) for a in node.args):
             if name == "isinstance" and len(node.args) == 2:
                 types = self.types(node.args[1])
@@ -264,6 +281,19 @@ class _Planner:
         return ("list", plans)
 
 
+def _calls_test_import(node: ast.AST, imported: set[str]) -> bool:
+    """``assert numpy.allclose(f(x), [1, 2])``: a helper the test imported decides, inside the
+    sandbox, where the program may have patched it; its literal arguments entered the sandbox."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            root = n.func
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in imported:
+                return True
+    return False
+
+
 def _has_assert(node: ast.AST) -> bool:
     return any(isinstance(n, ast.Assert) for n in ast.walk(node))
 
@@ -301,7 +331,9 @@ def compile_assert_tests(tests: Sequence[str]) -> CompiledTests:
                 raise ValueError(f"code reward: a test unrolls to more than {MAX_UNROLLED} checks; split it into several tests")
             if isinstance(stmt, ast.Assert):
                 plan = planner.plan(stmt.test, env)
-                checks.append(Check("assert", plan=plan, tamper_proof=_tamper_proof(plan), source=ast.unparse(stmt)[:200]))
+                judged_inside = plan[0] == "leaf" and _calls_test_import(stmt.test, imported)
+                checks.append(Check("assert", plan=plan, tamper_proof=_tamper_proof(plan) and not judged_inside,
+                                    source=ast.unparse(stmt)[:200]))
             elif isinstance(stmt, ast.For) and not stmt.orelse and _has_assert(stmt):
                 try:
                     items = list(_const_of(stmt.iter, env))
@@ -318,6 +350,9 @@ def compile_assert_tests(tests: Sequence[str]) -> CompiledTests:
                 for inner in envs:
                     statements(stmt.body, inner, checks)
             else:
+                planner.aliases.update(_imported_names(stmt))
+                if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                    imported.update(a.asname or a.name.split(".")[0] for a in stmt.names)
                 if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
                     try:
                         _bind(stmt.targets[0], _const_of(stmt.value, env), env)
@@ -336,6 +371,8 @@ def compile_assert_tests(tests: Sequence[str]) -> CompiledTests:
                 "assert-style tests are Python source like 'assert f(2) == 4'"
             ) from None
         checks: list[Check] = []
+        planner.aliases = {}
+        imported: set[str] = set()
         statements(module.body, {}, checks)
         compiled.tests.append(checks)
     return compiled

@@ -29,7 +29,7 @@ import jsonschema
 from jsonschema import FormatChecker
 from jsonschema.validators import validator_for
 
-from rlvr.rewards._json_worker import MAX_JSON_CHARS, StrictJSONError, same_json, strict_loads
+from rlvr.rewards._json_worker import MAX_JSON_CHARS, StrictJSONError, _is_ecma_regex, same_json, strict_loads
 from rlvr.rewards.base import REWARDS, CheckerReward, Verdict
 from rlvr.rewards.symbolic import get_json_pool
 from rlvr.rewards.textscan import fenced_blocks, tagged
@@ -63,10 +63,13 @@ def _load_schema(schema: Any) -> dict:
     if not isinstance(schema, (dict, bool)):
         raise TypeError(f"json_schema reward: a schema is a JSON object (or true/false), got {type(schema).__name__}")
     cls = validator_for(schema)
-    try:
-        cls.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        raise ValueError(f"json_schema reward: the schema itself is invalid: {exc.message}") from None
+    # check_schema would test every "pattern" with Python's re; they are ECMA-262 expressions
+    # (``\p{L}`` is valid there and not in re), so the meta-schema's "regex" format is checked by regress.
+    checker = FormatChecker()
+    checker.checks("regex")(_is_ecma_regex)
+    error = jsonschema.exceptions.best_match(validator_for(cls.META_SCHEMA)(cls.META_SCHEMA, format_checker=checker).iter_errors(schema))
+    if error is not None:
+        raise ValueError(f"json_schema reward: the schema itself is invalid: {error.message}")
     _warn_unchecked_formats(json.dumps(schema, sort_keys=True))
     return schema
 

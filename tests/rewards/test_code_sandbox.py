@@ -159,8 +159,12 @@ def test_expected_values_never_enter_the_sandbox():
         assert literal not in sent, literal
     assert compiled.not_tamper_proof() == []
     # a comparison of two computed values, or an assert inside a helper, is judged in the sandbox: reported
-    shaky = compile_assert_tests(["assert f(3) == reference(3)", "def check():\n    assert f(1) == 2\ncheck()", "assert f(1) == 2"])
-    assert shaky.not_tamper_proof() == [0, 1]
+    shaky = compile_assert_tests(["assert f(3) == reference(3)", "def check():\n    assert f(1) == 2\ncheck()", "assert f(1) == 2",
+                                  "import numpy as np\nassert np.allclose(f(1), [0.5])"])
+    assert shaky.not_tamper_proof() == [0, 1, 3]
+    # the test's own imports of pure functions are applied in the parent too
+    aliased = compile_assert_tests(["from math import isclose\nassert isclose(f(1), 0.3125)", "import math as m\nassert m.isclose(f(1), 0.3125)"])
+    assert "0.3125" not in json.dumps(aliased.steps) and aliased.not_tamper_proof() == []
 
 
 @pytest.mark.parametrize(

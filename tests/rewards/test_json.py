@@ -62,3 +62,10 @@ def test_every_completion_gets_a_verdict_and_a_stall_costs_only_itself():
     assert got == [0.0, 0.0, 0.0, 1.0, 0.0]  # never None, never an exception for the batch
     assert [v.reason for v in fn.verdicts(None, completions[:1], None, schema=schemas[:1])] == ["timeout"]
     assert time.monotonic() - start < 30  # one cut-off stall each, plus worker restarts on a shared machine
+
+
+def test_schema_patterns_are_checked_as_ecma_at_load():
+    fn = REWARDS.get("json_schema")(schema={"type": "string", "pattern": "^\\p{L}+$"})  # not valid in Python's re
+    assert fn(None, ['"h\u00e9llo"', '"h1"'], None) == [1.0, 0.0]
+    with pytest.raises(ValueError, match="schema itself is invalid"):
+        REWARDS.get("json_schema")(schema={"type": "string", "pattern": "(("})
