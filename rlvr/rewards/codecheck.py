@@ -151,6 +151,8 @@ def _const_of(node: ast.AST, env: dict[str, Any]) -> Any:
 
 
 def _literal_node(value: Any) -> ast.expr:
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value).bit_length() > 10_000:
+        return ast.parse(f"int('{value:x}', 16)", mode="eval").body  # repr() refuses past 4300 digits
     return ast.parse(repr(value), mode="eval").body
 
 
@@ -209,8 +211,11 @@ class _Planner:
     def __init__(self, compiled: CompiledTests):
         self.compiled = compiled
         self.aliases: dict[str, str] = {}  # this test's imports of pure functions and modules
+        self.no_leaves = False  # planning a value the parent must compute alone (an assignment)
 
     def leaf(self, node: ast.AST, env: dict[str, Any]) -> tuple:
+        if self.no_leaves:
+            raise _NotInParent
         code = ast.unparse(_Substitute(env).visit(ast.parse(ast.unparse(node), mode="eval")).body)
         self.compiled.steps.append({"kind": "eval", "code": code})
         return ("leaf", len(self.compiled.steps) - 1)
@@ -253,6 +258,17 @@ class _Planner:
                 return gen
         return self.leaf(node, env)
 
+    def value(self, node: ast.AST, env: dict[str, Any]) -> Any:
+        """``expected = [1] * 3``, ``cases = list(zip(xs, ys))``: computed in the parent when it
+        needs nothing from the program; else _NotInParent."""
+        self.no_leaves = True
+        try:
+            return _run_plan(self.plan(node, env), {}, {})
+        except (_Fail, TypeError, ValueError, ArithmeticError, KeyError, IndexError, RecursionError):
+            raise _NotInParent from None
+        finally:
+            self.no_leaves = False
+
     def types(self, node: ast.AST) -> tuple | None:
         nodes = node.elts if isinstance(node, ast.Tuple) else [node]
         names = [ast.unparse(n) for n in nodes]
@@ -279,6 +295,25 @@ class _Planner:
             conds = [self.plan(c, inner) for c in comp.ifs]
             plans.append((conds, self.plan(node.elt, inner)))
         return ("list", plans)
+
+
+def _names_used_inside(body: list[ast.stmt]) -> set[str]:
+    """Names read by the statements that run in the sandbox as they are (calls, helper functions,
+    ``with`` blocks, ...): values bound to these must exist there, since those statements may
+    read or mutate them (``data = [3, 1, 2]; sort_in_place(data); assert data == [1, 2, 3]``)."""
+    used: set[str] = set()
+    for stmt in body:
+        if isinstance(stmt, ast.Assert):
+            continue
+        if isinstance(stmt, ast.Assign):
+            nodes = [stmt.value]
+        elif isinstance(stmt, ast.For) and _has_assert(stmt):
+            nodes = []  # unrolled in the parent (if it cannot be, the names it needs are still bound there)
+            used |= _names_used_inside(stmt.body)
+        else:
+            nodes = [stmt]
+        used |= {n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return used
 
 
 def _calls_test_import(node: ast.AST, imported: set[str]) -> bool:
@@ -336,7 +371,7 @@ def compile_assert_tests(tests: Sequence[str]) -> CompiledTests:
                                     source=ast.unparse(stmt)[:200]))
             elif isinstance(stmt, ast.For) and not stmt.orelse and _has_assert(stmt):
                 try:
-                    items = list(_const_of(stmt.iter, env))
+                    items = list(planner.value(stmt.iter, env))
                     if len(items) > MAX_UNROLLED:
                         raise _NotInParent
                     envs = []
@@ -354,8 +389,15 @@ def compile_assert_tests(tests: Sequence[str]) -> CompiledTests:
                 if isinstance(stmt, (ast.Import, ast.ImportFrom)):
                     imported.update(a.asname or a.name.split(".")[0] for a in stmt.names)
                 if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                    targets = {n.id for n in ast.walk(stmt.targets[0]) if isinstance(n, ast.Name)}
                     try:
-                        _bind(stmt.targets[0], _const_of(stmt.value, env), env)
+                        _bind(stmt.targets[0], planner.value(stmt.value, env), env)
+                        if not targets & used_inside:
+                            # The value lives only in the parent (and in the leaves it is substituted
+                            # into): a program cannot read `expected` from its globals or frames.
+                            continue
+                        for name in targets:  # a statement run in the sandbox uses it (and may mutate it)
+                            env.pop(name, None)
                     except (_NotInParent, TypeError):
                         for name in ast.walk(stmt.targets[0]):
                             if isinstance(name, ast.Name):
@@ -373,6 +415,7 @@ def compile_assert_tests(tests: Sequence[str]) -> CompiledTests:
         checks: list[Check] = []
         planner.aliases = {}
         imported: set[str] = set()
+        used_inside = _names_used_inside(module.body)
         statements(module.body, {}, checks)
         compiled.tests.append(checks)
     return compiled

@@ -165,6 +165,10 @@ def test_expected_values_never_enter_the_sandbox():
     # the test's own imports of pure functions are applied in the parent too
     aliased = compile_assert_tests(["from math import isclose\nassert isclose(f(1), 0.3125)", "import math as m\nassert m.isclose(f(1), 0.3125)"])
     assert "0.3125" not in json.dumps(aliased.steps) and aliased.not_tamper_proof() == []
+    # a literal bound to a name stays in the parent unless a statement run in the sandbox needs it
+    named = compile_assert_tests(["expected = [4141] * 3\nassert f() == expected", "data = [3, 1, 2]\nsort_in_place(data)\nassert data == [1, 2, 3]"])
+    sent = json.dumps(named.steps)
+    assert "4141" not in sent and "data = [3, 1, 2]" in sent and named.not_tamper_proof() == []
 
 
 @pytest.mark.parametrize(
