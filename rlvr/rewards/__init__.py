@@ -1,4 +1,4 @@
-"""Reward functions and the checkers under them (DESIGN.md §6, issue 5).
+"""Reward functions and the checkers under them.
 
 Importing this package registers every built-in reward factory in ``REWARDS``:
 ``math``, ``code``, ``json_schema``, ``format``, ``overlong``.

@@ -238,12 +238,14 @@ def check(text: str, schema: Any, gold: Any = None, has_gold: bool = False) -> d
         return {"reason": "schema_too_deep", "detail": "validation recursed too deep (a cyclic $ref?)"}
     except Exception as exc:  # noqa: BLE001 - e.g. multipleOf on a number no float can hold: scored 0
         return {"reason": "unverifiable", "detail": f"{type(exc).__name__}: {exc}"[:200]}
-    out: dict[str, Any] = {"errors": [f"{'/'.join(map(str, e.path)) or '<root>'}: {e.message}"[:160] for e in errors[:5]]}
+    messages = [f"{'/'.join(map(str, e.path)) or '<root>'}: {e.message}"[:160] for e in errors[:5]]
+    out: dict[str, Any] = {"errors": messages}
     if errors:
         if all(e.validator == "required" for e in errors):
             out["reason"] = "incomplete"
         else:
-            out["reason"] = "schema_violation" if not any(e.validator == "format" for e in errors) else "format_violation"
+            formats = any(e.validator == "format" for e in errors)
+            out["reason"] = "format_violation" if formats else "schema_violation"
         return out
     if has_gold:
         try:

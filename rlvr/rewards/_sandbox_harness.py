@@ -80,7 +80,8 @@ def _encode(value, out: list, depth: int = 0) -> None:
     elif t is bool:
         out.append("true" if value else "false")
     elif t is int:
-        out.append(_int_format(value, "d") if -(1 << 53) < value < (1 << 53) else '{"i":"' + _int_format(value, "x") + '"}')
+        small = -(1 << 53) < value < (1 << 53)
+        out.append(_int_format(value, "d") if small else '{"i":"' + _int_format(value, "x") + '"}')
     elif t is float:
         out.append('{"f":"' + _float_hex(value) + '"}')
     elif t is str:
@@ -209,7 +210,7 @@ def _build_root(spec: dict, uid: int) -> None:
             _mount("/dev/" + name, f"{root}/dev/{name}", None, MS_BIND)
     for path, flags in (("/tmp", MS_NOSUID | MS_NODEV), ("/dev/shm", MS_NOSUID | MS_NODEV | MS_NOEXEC)):
         os.makedirs(root + path, 0o755, exist_ok=True)
-        _mount("tmpfs", root + path, "tmpfs", flags, f"size={tmp_mb}m,mode=1777")
+        _mount("tmpfs", root + path, "tmpfs", flags, f"size={tmp_mb}m,nr_inodes=4096,mode=1777")  # a file-count cap too
     os.mkdir(root + "/proc", 0o555)
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _pivot_root(root)

@@ -12,12 +12,12 @@ score as a completion that hit the length limit) and, for json, ``gold`` and ``i
 
 Report: true/false positives and negatives, errors (the checker raised), timeouts, per-category
 counts and every disagreement; the false-negative rate on the expected-true cases (and on the
-``well_formed`` category, correct answers written in the many styles people use, when the case
-file has one); the slowest case; for code, which sandbox isolation ran (a loud warning when the
-host filesystem was visible to the programs) and which cases have tests that are not
-tamper-proof (an expected value judged inside the sandbox). The exit code is 1 when any case disagrees (a false positive is
-an exploitable checker; a false negative is a correct answer the policy is punished for) or the
-checker raised, 2 when the cases cannot be read, else 0.
+``well_formed`` category, correct answers written in the many styles people use, when the case file
+has one); the slowest case; for code, which sandbox isolation ran (a loud warning when the host
+filesystem was visible to the programs) and which cases have tests that are not tamper-proof (an
+expected value judged inside the sandbox). The exit code is 1 when any case disagrees (a false
+positive is an exploitable checker; a false negative is a correct answer the policy is punished
+for) or the checker raised, 2 when the cases cannot be read, else 0.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def _json(case: dict) -> Verdict:
     from rlvr.rewards.jsoncheck import check_json
 
     return check_json(case["completion"], case["schema"], gold=case.get("gold"),
-                      incomplete_reward=float(case.get("incomplete_reward", 0.0)), truncated=bool(case.get("truncated", False)),
-                      timeout_s=float(case.get("timeout_s", 2.0)))
+                      incomplete_reward=float(case.get("incomplete_reward", 0.0)),
+                      truncated=bool(case.get("truncated", False)), timeout_s=float(case.get("timeout_s", 2.0)))
 
 
 _RUNNERS: dict[str, tuple[Callable[[dict], Verdict], tuple[str, ...], int]] = {
@@ -207,7 +207,8 @@ def _print_table(report: dict[str, Any], out=None) -> None:
     if report["false_negative_rate"] is not None:
         p(f"  false-negative rate {report['false_negative_rate']:.2%} of the cases that should be accepted")
     if report["well_formed_false_negative_rate"] is not None:
-        p(f"  false-negative rate {report['well_formed_false_negative_rate']:.2%} on {report['well_formed_cases']} well-formed answers")
+        rate, n = report["well_formed_false_negative_rate"], report["well_formed_cases"]
+        p(f"  false-negative rate {rate:.2%} on {n} well-formed answers")
     p(f"  slowest case    {report['slowest_case']['name']} ({report['slowest_case']['seconds']} s)")
     if report["isolation"]:
         p(f"  sandbox isolation: {', '.join(f'{k} ({n} cases)' for k, n in report['isolation'].items())}")
@@ -215,7 +216,8 @@ def _print_table(report: dict[str, Any], out=None) -> None:
         p("  WARNING: programs ran with isolation=rlimits and could see the host filesystem and its unix sockets;")
         p("           install bubblewrap (apt-get install bubblewrap) or run as root with CAP_SYS_ADMIN")
     if report["not_tamper_proof"]:
-        p(f"  not tamper-proof: {len(report['not_tamper_proof'])} case(s) have tests whose expected value is judged in the sandbox:")
+        n = len(report["not_tamper_proof"])
+        p(f"  not tamper-proof: {n} case(s) have tests whose expected value is judged in the sandbox:")
         for item in report["not_tamper_proof"][:20]:
             p(f"    {item['name']}: tests {item['tests']}")
     p("")

@@ -1,4 +1,4 @@
-"""The code checker: run a completion's program against tests in the sandbox (issue 5).
+"""The code checker: run a completion's program against tests in the sandbox.
 
 Two kinds of tests, read from the dataset's tests column:
 
@@ -134,8 +134,8 @@ def _const_of(node: ast.AST, env: dict[str, Any]) -> Any:
         return {ast.List: list, ast.Tuple: tuple, ast.Set: set}[type(node)](items)
     if isinstance(node, ast.Dict) and None not in node.keys:
         return {_const_of(k, env): _const_of(v, env) for k, v in zip(node.keys, node.values)}
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("range", "zip", "enumerate") \
-            and not node.keywords and node.func.id not in env:
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("range", "zip", "enumerate")
+            and not node.keywords and node.func.id not in env):
         args = [_const_of(a, env) for a in node.args]
         if node.func.id == "range" and all(isinstance(a, int) for a in args) and len(range(*args)) <= MAX_UNROLLED:
             return list(range(*args))
@@ -232,11 +232,13 @@ class _Planner:
         if isinstance(node, ast.BoolOp):
             return ("bool", type(node.op), [self.plan(v, env) for v in node.values])
         if isinstance(node, ast.Compare) and all(type(op) in _CMP for op in node.ops):
-            return ("compare", self.plan(node.left, env), [(type(op), self.plan(c, env)) for op, c in zip(node.ops, node.comparators)])
+            rest = [(type(op), self.plan(c, env)) for op, c in zip(node.ops, node.comparators)]
+            return ("compare", self.plan(node.left, env), rest)
         if isinstance(node, ast.Subscript):
             return ("subscript", self.plan(node.value, env), self.plan(node.slice, env))
         if isinstance(node, ast.Slice):
-            parts = [self.plan(p, env) if p is not None else ("const", None) for p in (node.lower, node.upper, node.step)]
+            bounds = (node.lower, node.upper, node.step)
+            parts = [self.plan(p, env) if p is not None else ("const", None) for p in bounds]
             return ("slice", *parts)
         if isinstance(node, ast.IfExp):
             return ("ifexp", self.plan(node.test, env), self.plan(node.body, env), self.plan(node.orelse, env))
@@ -251,7 +253,8 @@ class _Planner:
                 if gen is not None:
                     return ("call", name, [gen], {k.arg: self.plan(k.value, env) for k in node.keywords if k.arg})
             elif name != "isinstance" and all(k.arg for k in node.keywords):
-                return ("call", name, [self.plan(a, env) for a in node.args], {k.arg: self.plan(k.value, env) for k in node.keywords})
+                kwargs = {k.arg: self.plan(k.value, env) for k in node.keywords}
+                return ("call", name, [self.plan(a, env) for a in node.args], kwargs)
         if isinstance(node, (ast.ListComp, ast.GeneratorExp)):
             gen = self.generator(node, env)
             if gen is not None:
@@ -312,7 +315,8 @@ def _names_used_inside(body: list[ast.stmt]) -> set[str]:
             used |= _names_used_inside(stmt.body)
         else:
             nodes = [stmt]
-        used |= {n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        used |= {n.id for node in nodes for n in ast.walk(node)
+                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     return used
 
 
@@ -358,12 +362,15 @@ def compile_assert_tests(tests: Sequence[str]) -> CompiledTests:
         node = _Substitute(env).visit(ast.parse(ast.unparse(stmt)))
         compiled.steps.append({"kind": "exec", "code": ast.unparse(node)})
         # an assert that runs inside the sandbox (in a helper, or a loop over computed values) is judged there
-        checks.append(Check("ran", step=len(compiled.steps) - 1, tamper_proof=not _has_assert(stmt), source=ast.unparse(stmt)))
+        checks.append(Check("ran", step=len(compiled.steps) - 1, tamper_proof=not _has_assert(stmt),
+                            source=ast.unparse(stmt)))
 
     def statements(body: list[ast.stmt], env: dict[str, Any], checks: list[Check]) -> None:
         for stmt in body:
             if len(checks) > MAX_UNROLLED:
-                raise ValueError(f"code reward: a test unrolls to more than {MAX_UNROLLED} checks; split it into several tests")
+                raise ValueError(
+                    f"code reward: a test unrolls to more than {MAX_UNROLLED} checks; split it into several tests"
+                )
             if isinstance(stmt, ast.Assert):
                 plan = planner.plan(stmt.test, env)
                 judged_inside = plan[0] == "leaf" and _calls_test_import(stmt.test, imported)

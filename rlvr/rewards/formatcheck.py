@@ -2,7 +2,7 @@
 
 Exactly one opening and one closing tag of each name, in the configured order, each block
 non-empty, only whitespace between blocks and nothing after the last. Format-only rewards are
-what models farm first (DESIGN.md §7, "format farming"), so loose patterns (a regex that accepts
+what models farm first ("format farming"), so loose patterns (a regex that accepts
 two answer blocks, or text after the answer) are the bug this reward exists to avoid.
 
 ``pattern=`` replaces the tag rule with a regular expression that must match the whole

@@ -67,7 +67,8 @@ def _load_schema(schema: Any) -> dict:
     # (``\p{L}`` is valid there and not in re), so the meta-schema's "regex" format is checked by regress.
     checker = FormatChecker()
     checker.checks("regex")(_is_ecma_regex)
-    error = jsonschema.exceptions.best_match(validator_for(cls.META_SCHEMA)(cls.META_SCHEMA, format_checker=checker).iter_errors(schema))
+    meta = validator_for(cls.META_SCHEMA)(cls.META_SCHEMA, format_checker=checker)
+    error = jsonschema.exceptions.best_match(meta.iter_errors(schema))
     if error is not None:
         raise ValueError(f"json_schema reward: the schema itself is invalid: {error.message}")
     _warn_unchecked_formats(json.dumps(schema, sort_keys=True))

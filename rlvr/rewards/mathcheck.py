@@ -1,4 +1,4 @@
-"""The math checker: strict final-answer extraction, generous equivalence (issue 5, DESIGN.md §6).
+"""The math checker: strict final-answer extraction, generous equivalence.
 
 Extraction is strict because training optimises whatever the extractor lets through:
   * a final answer is read only from an anchor: ``\\boxed{}``/``\\fbox{}``, ``<answer>…</answer>``,
@@ -41,7 +41,8 @@ from rlvr.rewards.symbolic import get_pool
 # ``<open>(.*?)<close>`` scans (quadratic with many openers and no closer: tags are found with
 # ``str.find``). Each is exercised on generated worst cases in the tests.
 _ANCHOR_RE = re.compile(
-    r"(?im)(?:\b(?:final|correct|right)[ \t]+answer|\bthe[ \t]+answer|^[^\w\n]{0,8}(?:\\text(?:bf|it)?\{)?answer)[^\w\n]{0,4}?[ \t]{0,8}"
+    r"(?im)(?:\b(?:final|correct|right)[ \t]+answer|\bthe[ \t]+answer|^[^\w\n]{0,8}(?:\\text(?:bf|it)?\{)?answer)"
+    r"[^\w\n]{0,4}?[ \t]{0,8}"
     r"(?:is\b|:|=|—|–)[ \t:*]{0,8}([^\n]*)"
 )
 # A heading with the answer under it: "#### Final Answer", "**Final Answer**", "### Answer".
@@ -249,7 +250,10 @@ _HEDGE_RE = re.compile(
     r"roughly|nearly|almost|between|guess|could|might|unsure|uncertain|alternatively)\b|\\lor\b|\\approx\b|≈|≃|"
     r"\\sim\b|\?|(?<![\w}])~(?=\s*[\d.])"
 )
-_TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|operatorname|underline|bm|boldsymbol|emph)\s*\{([^{}]*)\}")
+_TEXT_CMD_RE = re.compile(
+    r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|operatorname|underline|bm|boldsymbol|emph)"
+    r"\s*\{([^{}]*)\}"
+)
 _COLOR_RE = re.compile(r"\\(?:textcolor|colorbox)\s*\{[^{}]*\}\s*\{([^{}]*)\}|\\color\s*\{[^{}]*\}")
 _FONT_RE = re.compile(r"\\(?:bf|it|rm|boldmath|large|Large|small)\b\s*")
 _SPACING_RE = re.compile(r"\\(?:left|right|displaystyle|textstyle|!|,|;|:|quad|qquad)|\\ |~")
@@ -266,14 +270,15 @@ m cm mm km um nm in inch inches ft foot feet yd yard mi mile meter metre kilomet
 millimeter millimetre g mg kg gram kilogram milligram ton tonne lb lbs pound oz ounce l ml liter litre milliliter
 millilitre gal gallon quart pint cup tablespoon teaspoon tbsp tsp s sec second ms min minute h hr hrs hour day week
 month year yr decade century mph kmh kph km/h m/s cm/s rpm hz khz mhz ghz w kw watt kwh j kj joule cal kcal calorie
-v volt amp n newton pa kpa psi atm bar mol c f degree deg celsius fahrenheit kelvin rad radian old dollar cent euro pound yen rupee usd eur gbp
-byte kb mb gb tb bit unit square sq cubic point pt mark vote item piece person people adult child children kid student
-teacher boy girl man men woman women worker employee friend player team member apple orange banana pear egg cookie
-cake pie candy candies book page pen pencil marble ball toy car bus bike bicycle box bag bottle can card ticket
-flower tree plant seed dog cat bird fish cow chicken sheep pig horse animal leg wheel shirt sock shoe hat coin bill
-step lap trip mile game match row seat chair table room house floor slice piece sticker stamp cupcake muffin
-sandwich pizza burger glass jar basket crate pack packet bead block brick stone rock shell gift present lesson
-class question problem word letter song movie episode chapter photo picture video call email message visit
+v volt amp n newton pa kpa psi atm bar mol c f degree deg celsius fahrenheit kelvin rad radian old dollar cent euro
+pound yen rupee usd eur gbp byte kb mb gb tb bit unit square sq cubic point pt mark vote item piece person people
+adult child children kid student teacher boy girl man men woman women worker employee friend player team member
+apple orange banana pear egg cookie cake pie candy candies book page pen pencil marble ball toy car bus bike bicycle
+box bag bottle can card ticket flower tree plant seed dog cat bird fish cow chicken sheep pig horse animal leg wheel
+shirt sock shoe hat coin bill step lap trip mile game match row seat chair table room house floor slice piece
+sticker stamp cupcake muffin sandwich pizza burger glass jar basket crate pack packet bead block brick stone rock
+shell gift present lesson class question problem word letter song movie episode chapter photo picture video call
+email message visit
 """.split())
 _UNIT_TOKEN_RE = re.compile(r"^([a-zA-Z/]+)(?:\^?\{?[23]\}?)?\.?$")  # "cm", "cm^2", "cm^{2}", "m/s^2", "hrs."
 
@@ -440,7 +445,8 @@ def symbolic_rejection(latex: str) -> str | None:
         depth -= ch == "}"
         if depth > 12:
             return "too_deep"
-    if re.search(r"(?<!\\)\b[a-zA-Z]{2,}\b", re.sub(r"\\[a-zA-Z]+", " ", re.sub(r"\\(?:begin|end)\{[a-z]+\}", " ", latex))):
+    bare = re.sub(r"\\[a-zA-Z]+", " ", re.sub(r"\\(?:begin|end)\{[a-z]+\}", " ", latex))
+    if re.search(r"(?<!\\)\b[a-zA-Z]{2,}\b", bare):
         return "words"  # prose in an answer ("3 and 4", "no solution") is not a formula
     return None
 
@@ -471,7 +477,9 @@ def inequalities_as_intervals(s: str) -> str | None:
         return None
     parts, variables = [], set()
     for part in _OR_RE.split(t):
-        part = part.strip().strip("()").strip() if part.strip().startswith("(") and part.count("<") + part.count(">") else part.strip()
+        part = part.strip()
+        if part.startswith("(") and part.count("<") + part.count(">"):  # "(x < 1) or (x > 3)"
+            part = part.strip("()").strip()
         m = _DOUBLE_RE.match(part)
         if m:
             lo, op1, var, op2, hi = m.groups()

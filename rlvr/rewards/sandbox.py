@@ -1,4 +1,4 @@
-"""Run untrusted Python in a sandbox and collect what it reported, with hard limits (issue 5).
+"""Run untrusted Python in a sandbox and collect what it reported, with hard limits.
 
 The parent side of ``_sandbox_harness.py``. One call, ``run_sandboxed``, starts the harness in
 its own session, feeds it the spec over a pipe, reads stdout, stderr and the result channel with

@@ -97,7 +97,9 @@ class WorkerPool:
         line = worker.read_line(time.monotonic() + STARTUP_TIMEOUT_S)
         if line is None or not json.loads(line).get("ready"):
             worker.kill()
-            raise RuntimeError(f"the {self.script.stem} worker did not start; {self.install_hint} in {sys.executable}'s environment")
+            raise RuntimeError(
+                f"the {self.script.stem} worker did not start; {self.install_hint} in {sys.executable}'s environment"
+            )
         return worker
 
     def _acquire(self) -> _Worker:

@@ -1,4 +1,4 @@
-"""The fixture suites as CI tests, and the ``rlvr audit`` runner's report and exit codes (issue 5)."""
+"""The fixture suites as CI tests, and the ``rlvr audit`` runner's report and exit codes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Code checker and sandbox: every known harness attack contained, no process left (issue 5)."""
+"""Code checker and sandbox: every known harness attack contained, no process left."""
 
 from __future__ import annotations
 

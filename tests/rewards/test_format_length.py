@@ -1,4 +1,4 @@
-"""Strict tag format reward and DAPO's soft overlong punishment (issue 5)."""
+"""Strict tag format reward and DAPO's soft overlong punishment."""
 
 import pytest
 

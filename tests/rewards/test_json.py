@@ -1,4 +1,4 @@
-"""JSON checker: strict parsing and schema validation with formats (issue 5)."""
+"""JSON checker: strict parsing and schema validation with formats."""
 
 import pytest
 

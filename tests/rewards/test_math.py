@@ -1,4 +1,4 @@
-"""Math checker: extraction, equivalence, timeouts, thread and process-pool use (issue 5)."""
+"""Math checker: extraction, equivalence, timeouts, thread and process-pool use."""
 
 from __future__ import annotations
 
