@@ -153,6 +153,30 @@ def _clip_anchor(s: str) -> str:
     return s
 
 
+_INLINE_ANCHOR_RE = re.compile(r"(?i)\b(?:final[ \t]+|correct[ \t]+)?answer[^\w\n]{0,4}?[ \t]{0,8}(?:is\b|:|=)")
+_LEADING_NUMBER_RE = re.compile(r"[ \t]{0,8}\$?([-+]?\d[\d,]*(?:\.\d+)?)")
+
+
+def _line_answers(line: str) -> list[str]:
+    """Every answer one anchor line states: "Final answer: 18. Final answer: 19." states two, and
+    so do "Answer: 18; 19" and "Answer: 18. 19." (a number right after the clip point is another
+    answer, not an explanation). ``line`` is the text after the first anchor, at most
+    MAX_ANSWER_CHARS + 1 characters."""
+    starts = [0] + [m.end() for m in _INLINE_ANCHOR_RE.finditer(line)]
+    answers = []
+    for k, start in enumerate(starts[:8]):
+        segment = line[start : starts[k + 1] if k + 1 < len(starts) else len(line)]
+        clipped = _clip_anchor(segment)
+        answers.append(clipped)
+        cut = _CLIP_RE.search(_NESTED_ANCHOR_RE.sub("", segment.strip(), count=1))
+        if cut:
+            rest = _NESTED_ANCHOR_RE.sub("", segment.strip(), count=1)[cut.end() :]
+            lead = _LEADING_NUMBER_RE.match(rest)
+            if lead:
+                answers.append(lead.group(1))
+    return answers
+
+
 def _answer_like(s: str) -> bool:
     # "To get the answer: first add the two rates" is prose, not a final answer; a capture counts
     # when it holds a digit, math markup, or is at most four words ("eighteen", "no solution").
@@ -205,13 +229,15 @@ def extract_candidates(text: str) -> tuple[list[Candidate], str]:
         a = m.group(1)[: MAX_ANSWER_CHARS + 1]
         if _BOX_START_RE.search(a):
             continue
-        clipped = _clip_anchor(a)
+        answers = _line_answers(a)
+        clipped = answers[0]
         if not clipped.strip("*$ \t") or clipped.strip() in ("\\[", "$$"):
             below = _below(outside, m.start())
             if below is not None:
                 cands.append(Candidate("heading", below[0], below[0], below[1]))
         elif _answer_like(clipped):
             cands.append(Candidate("answer_anchor", clipped, a, m.start()))
+        cands += [Candidate("answer_anchor", other, a, m.start()) for other in answers[1:] if _answer_like(other)]
     for n, m in enumerate(_HEADING_RE.finditer(outside)):
         if n > MAX_ANCHORS:
             return [], "too_many_answers"
@@ -224,7 +250,7 @@ def extract_candidates(text: str) -> tuple[list[Candidate], str]:
         h = m.group(1)[: MAX_ANSWER_CHARS + 1]
         if re.fullmatch(r"[ \t*:]*(?:final[ \t]+)?answer[ \t*:]*", h, re.IGNORECASE):
             continue  # "#### Final Answer" is a markdown heading (read by _HEADING_RE), not GSM8K's marker
-        cands.append(Candidate("####", _clip_anchor(h), h, m.start()))
+        cands += [Candidate("####", answer, h, m.start()) for answer in _line_answers(h)]
     if not cands:
         bare = text.strip()
         # "x = 2" is an answer; "5 + 13 = 18" is working: only "<letter> =" may hold an "=".
