@@ -14,7 +14,7 @@ Exactness. math-verify rounds floats to ``float_rounding`` places whenever one s
 compares other numbers with ``evalf(chop=True)``, which calls 1/2^99 and 1/2^98 equal (both chop
 to 0). Here, when the gold has no decimal (``decimals`` is null), every float in the prediction is
 turned into the exact rational it denotes (3.141593 -> 3141593/1000000, which is not pi), and a
-"yes" on two numbers is confirmed by a relative comparison at 60 digits. When the gold is a
+"yes" on two numbers is confirmed by a relative comparison at 120 digits. When the gold is a
 decimal, the prediction is rounded to the gold's own number of places.
 """
 
@@ -57,12 +57,14 @@ def main() -> None:
         return expr
 
     def same_number(a, b) -> bool:
-        # Relative, so tiny values are told apart: |a - b| <= 1e-40 * max(|a|, |b|) at 60 digits.
+        # Relative, so tiny values are told apart: |a - b| <= 1e-100 * max(|a|, |b|) at 120 digits.
+        # A decimal in an answer has at most 60 digits (the parent's bound), so no decimal
+        # approximation of an irrational number gets this close.
         if not (isinstance(a, sympy.Expr) and isinstance(b, sympy.Expr) and a.is_number and b.is_number):
             return True  # not two numbers: math-verify's structural answer stands
-        diff, scale = abs((a - b).evalf(60)), max(abs(a.evalf(60)), abs(b.evalf(60)))
+        diff, scale = abs((a - b).evalf(120)), max(abs(a.evalf(120)), abs(b.evalf(120)))
         try:
-            return bool(diff == 0 or diff <= scale * sympy.Float("1e-40", 60))
+            return bool(diff == 0 or diff <= scale * sympy.Float("1e-100", 120))
         except TypeError:  # complex or undecidable comparison: keep math-verify's answer
             return True
 

@@ -273,3 +273,18 @@ def test_units_are_an_allow_list():
         assert numeric_value(ok)[0] == 18, ok
     for changed in ("18 factorial", "18 tens", "18 squared", "18 zorbs", "18 per"):
         assert numeric_value(changed)[0] != 18, changed
+
+
+@pytest.mark.parametrize(
+    "gold, pred, same",
+    [
+        ("\\pi", "3.141593", False), ("\\pi", "3.141592653589793238462643383279502884197169399", False),
+        ("\\frac{\\sqrt{3}}{2}", "0.866025", False), ("\\frac{1}{2^{99}}", "\\frac{1}{2^{98}}", False),
+        ("\\frac{1}{2^{99}}", "2^{-99}", True), ("\\sqrt{18}", "3\\sqrt{2}", True),
+        ("0.866", "\\frac{\\sqrt{3}}{2}", True), ("0.866", "\\frac{\\sqrt{2}}{2}", False),  # a decimal gold sets the precision
+        ("\\{1, 2\\}", "(1, 2)", False), ("(1, 2)", "\\{1, 2\\}", False), ("(2, 5)", "2, 5", False),
+        ("(-\\infty, 1) \\cup (3, \\infty)", "x < 1 \\text{ or } x > 3", True), ("[2, 5)", "2 \\le x < 5", True),
+    ],
+)
+def test_values_are_exact_and_sets_are_not_tuples(gold, pred, same):
+    assert equivalent(gold, pred)[0] is same
