@@ -120,14 +120,17 @@ def _encode(value, out: list, depth: int = 0) -> None:
         out[:] = [joined]
 
 
-def encode_value(value) -> str | None:
+def encode_value(value) -> str:
+    """The encoding of ``value``, or a marker the parent reads as "not plain data" / "too large"."""
     out: list = []
     try:
         _encode(value, out)
-    except (_NotPlain, RecursionError):
-        return None
+    except _NotPlain as exc:
+        return "<too large>" if str(exc) == "too large" else "<not plain data>"
+    except RecursionError:
+        return "<not plain data>"
     joined = _str_join("", out)
-    return joined if _len(joined) <= MAX_VALUE_CHARS else None
+    return joined if _len(joined) <= MAX_VALUE_CHARS else "<too large>"
 
 
 def _check(rc: int, what: str) -> None:
@@ -339,8 +342,7 @@ def main() -> None:
                 emit("OK", index)
             else:
                 value = _eval(step["code"], namespace)
-                encoded = encode_value(value)
-                emit("VALUE", index, encoded if encoded is not None else "<not plain data>")
+                emit("VALUE", index, encode_value(value))
         except SystemExit:
             sys.stdout.flush()
             emit("EXIT", index)

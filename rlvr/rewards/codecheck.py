@@ -552,7 +552,8 @@ def _read_values(run: RunResult) -> tuple[dict[int, Any], set[int], dict[int, st
             try:
                 values[idx] = decode_value(payload)
             except (NotLiteral, RecursionError, MemoryError, ValueError):
-                errors[idx] = "returned something that is not plain data"
+                errors[idx] = ("returned a value over the 8 MiB transfer limit" if payload == "<too large>"
+                               else "returned something that is not plain data")
         elif kind == "OK":
             ran.add(idx)
         elif kind == "ERROR":
