@@ -204,6 +204,41 @@ def _below(text: str, pos: int) -> tuple[str, int] | None:
     return None
 
 
+_AFTER_VALUE = {"left", "remaining", "altogether", "in", "now", "today", "total", "overall", "all", "each"}
+_SENTENCE_NUMBER_RE = re.compile(r"(?<![\w.])[-+]?\$?\d[\d,]*(?:\.\d+)?(?:[ \t]*/[ \t]*\d+)?%?")
+_INLINE_MATH_RE = re.compile(r"\$([^$\n]{1,300})\$|\\\((.{1,300}?)\\\)")
+
+
+def _sentence_answer(text: str) -> str:
+    """Under a "Final Answer" heading, a sentence that states one value states that value:
+    "The total number of apples is 18." -> "18", "The area is $3\\sqrt{2}$." -> "3\\sqrt{2}". A
+    sentence with two values, or none, is left as it is (and is not read as a number)."""
+    if len(re.findall(r"[a-zA-Z]{2,}", text)) < 2 or _BOX_START_RE.search(text) or len(text) > MAX_ANSWER_CHARS:
+        return text  # not prose: "$18$ + 1" is a formula, read whole
+    spans = list(_INLINE_MATH_RE.finditer(text))
+    if spans:
+        if len(spans) != 1:
+            return text
+        value, rest = spans[0].group(1) or spans[0].group(2), text[: spans[0].start()] + text[spans[0].end() :]
+    else:
+        numbers = list(_SENTENCE_NUMBER_RE.finditer(text))
+        if len(numbers) != 1:
+            return text
+        value, rest = numbers[0].group(0), text[: numbers[0].start()] + text[numbers[0].end() :]
+    # the rest must be words: another digit or an operator makes it a formula or a second value
+    if re.search(r"[\d+*/^=<>\\]|\s-\s", rest):
+        return text
+    # it states the value ("the total is 18", "Janet has 18 fish left"); it does not qualify it:
+    # "18 if n is even" and "18 times ten" start with it, "is 18 thousandths" changes it
+    match = spans[0] if spans else numbers[0]
+    before, after = text[: match.start()], text[match.end() :]
+    following = re.findall(r"[a-zA-Z][a-zA-Z./]*", after)[:1]
+    if not re.search(r"[a-zA-Z]{2,}", before) or (following and not _is_unit(following[0]) and
+                                                   following[0].lower().rstrip(".") not in _AFTER_VALUE):
+        return text
+    return value
+
+
 def extract_candidates(text: str) -> tuple[list[Candidate], str]:
     """All final-answer candidates of a completion, and a reason when there cannot be any."""
     if "<think>" in text and "</think>" not in text:
@@ -231,10 +266,12 @@ def extract_candidates(text: str) -> tuple[list[Candidate], str]:
             continue
         answers = _line_answers(a)
         clipped = answers[0]
+        if numeric_value(normalize_answer(clipped))[0] is None:  # "Final answer: the total is 18 apples."
+            clipped = _sentence_answer(clipped)
         if not clipped.strip("*$ \t") or clipped.strip() in ("\\[", "$$"):
             below = _below(outside, m.start())
-            if below is not None:
-                cands.append(Candidate("heading", below[0], below[0], below[1]))
+            if below is not None and not _BOX_START_RE.search(below[0]) and not _ANCHOR_RE.match(below[0]):
+                cands.append(Candidate("heading", _sentence_answer(below[0]), below[0], below[1]))
         elif _answer_like(clipped):
             cands.append(Candidate("answer_anchor", clipped, a, m.start()))
         cands += [Candidate("answer_anchor", other, a, m.start()) for other in answers[1:] if _answer_like(other)]
@@ -243,7 +280,7 @@ def extract_candidates(text: str) -> tuple[list[Candidate], str]:
             return [], "too_many_answers"
         below = _below(outside, m.start())
         if below is not None and not _BOX_START_RE.search(below[0]) and not _ANCHOR_RE.match(below[0]):
-            cands.append(Candidate("heading", below[0], below[0], below[1]))
+            cands.append(Candidate("heading", _sentence_answer(below[0]), below[0], below[1]))
     for n, m in enumerate(_HASHES_RE.finditer(outside)):
         if n > MAX_ANCHORS:
             return [], "too_many_answers"
@@ -273,7 +310,9 @@ def extract_candidates(text: str) -> tuple[list[Candidate], str]:
 
 _HEDGE_RE = re.compile(
     r"\b(?:or|either|nor|maybe|perhaps|possibly|probably|likely|approximately|approx|about|around|"
-    r"roughly|nearly|almost|between|guess|could|might|unsure|uncertain|alternatively)\b|\\lor\b|\\approx\b|≈|≃|"
+    r"roughly|nearly|almost|between|guess|could|might|unsure|uncertain|alternatively|at least|at most|"
+    r"(?:more|less|fewer|greater|smaller|larger) than|up to|upwards of|or so|or more|or less|\d+-?ish)\b|"
+    r"\\lor\b|\\approx\b|≈|≃|"
     r"\\sim\b|\?|(?<![\w}])~(?=\s*[\d.])"
 )
 _TEXT_CMD_RE = re.compile(
