@@ -113,8 +113,11 @@ def test_empty_root_hides_host_files_sockets_and_keeps_nothing(tmp_path, isolati
     import shutil
     import tempfile
 
-    if isolation == "namespaces" and os.geteuid() != 0 or isolation == "bwrap" and shutil.which("bwrap") is None:
-        pytest.skip(f"{isolation} isolation is not available here")
+    from rlvr.rewards.sandbox import _works
+
+    if isolation == "namespaces" and os.geteuid() != 0 or isolation == "bwrap" and shutil.which("bwrap") is None \
+            or not _works(isolation):
+        pytest.skip(f"{isolation} isolation is not available here (root with CAP_SYS_ADMIN, or bubblewrap that can run)")
     host_tmp = Path(tempfile.mkdtemp(prefix="rlvr-host-", dir="/tmp"))
     try:
         os.chmod(host_tmp, 0o777)
