@@ -147,13 +147,14 @@ def bwrap_argv(workdir: str, tmpfs_mb: int) -> list[str]:
              for a in ("--symlink", os.readlink(link), link)]
     return [
         shutil.which("bwrap") or "bwrap",
-        *[arg for path in root_paths() for arg in ("--ro-bind", path, path)],
-        "--ro-bind", str(HARNESS_PATH), str(HARNESS_PATH),
-        *links,
+        # the fresh /tmp first: an interpreter or checkout under /tmp (CI) is bound over it, not hidden by it
         "--dev", "/dev",
         "--proc", "/proc",
         "--size", size, "--tmpfs", "/tmp",
         "--size", size, "--tmpfs", "/dev/shm",
+        *[arg for path in root_paths() for arg in ("--ro-bind", path, path)],
+        "--ro-bind", str(HARNESS_PATH), str(HARNESS_PATH),
+        *links,
         "--bind", workdir, workdir,
         "--chdir", workdir,
         "--unshare-all",
