@@ -422,6 +422,13 @@ def numeric_value(s: str) -> tuple[Fraction | None, bool]:
     if len(t) > 200:
         return None, False
     percent = False
+    aside = re.fullmatch(r"([^()]+?) \(([^()]{1,40})\)", t)  # "18 (eighteen)", "18 (cm)": a restatement
+    if aside:
+        value, pct = numeric_value(aside.group(1))
+        inner = aside.group(2)
+        if value is not None and (parse_number(inner) == value or _units_tail(inner.split())):
+            return value, pct
+        return None, False
     m = re.fullmatch(r"(.*?)\s?(?:\\?%|percent|per\s?cent)", t, re.IGNORECASE)
     if m:
         t, percent = m.group(1), True
