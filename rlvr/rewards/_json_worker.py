@@ -19,12 +19,15 @@ Semantics the JSON Schema specification asks for and Python's defaults do not gi
     length are exact (past Python's 4300-digit ``int`` limit they are kept as ``Decimal``, which
     compares exactly and is never converted, a quadratic step);
   * numbers that overflow to infinity (``1e400``) and ``NaN``/``Infinity`` are not JSON numbers;
+  * ``multipleOf`` is decided in exact decimal arithmetic on the numbers as written (0.3 is a
+    multiple of 0.1; jsonschema's float division says it is not);
   * ``email`` / ``idn-email`` are checked by ``email-validator`` (syntax only, no DNS): jsonschema's
     own check only asks for an "@".
 """
 
 from __future__ import annotations
 
+import decimal
 import functools
 import json
 import math
@@ -109,6 +112,11 @@ def _canonical(v: Any) -> Any:
     if isinstance(v, float) and v.is_integer() and abs(v) < 2**63:
         return ("number", int(v))
     return ("number", v)
+
+
+def _exact(number: Any) -> Decimal:
+    """The decimal a JSON number was written as (a float's shortest repr is its JSON spelling)."""
+    return number if isinstance(number, Decimal) else Decimal(repr(number)) if isinstance(number, float) else Decimal(number)
 
 
 def same_json(a: Any, b: Any) -> bool:
@@ -213,8 +221,21 @@ def validator_for_schema(schema_json: str):
                     return
                 seen.add(key)
 
+    def multiple_of(validator, divisor, instance, schema):
+        # Exact decimal arithmetic on the numbers as written: jsonschema divides floats, so 0.3 is
+        # "not a multiple of 0.1" (0.3 / 0.1 = 2.9999999999999996) and huge integers overflow.
+        if not validator.is_type(instance, "number"):
+            return
+        a, b = _exact(instance), _exact(divisor)
+        with decimal.localcontext() as ctx:
+            span = max(0, a.adjusted() - b.adjusted())  # digits of the quotient
+            ctx.prec = max(len(a.as_tuple().digits), len(b.as_tuple().digits)) + span + 60
+            ctx.Emax, ctx.Emin = decimal.MAX_EMAX, decimal.MIN_EMIN
+            if b == 0 or a % b != 0:
+                yield jsonschema.ValidationError(f"{str(instance)[:40]} is not a multiple of {divisor}")
+
     type_checker = base.TYPE_CHECKER.redefine("integer", is_integer)
-    overrides = {"pattern": pattern, "patternProperties": pattern_properties}
+    overrides = {"pattern": pattern, "patternProperties": pattern_properties, "multipleOf": multiple_of}
     if "uniqueItems" in base.VALIDATORS:
         overrides["uniqueItems"] = unique_items
     cls = extend(base, validators=overrides, type_checker=type_checker)

@@ -59,7 +59,7 @@ def test_every_completion_gets_a_verdict_and_a_stall_costs_only_itself():
     schemas = [evil, mult, mult, mult, {"$ref": "#"}]
     start = time.monotonic()
     got = fn(None, completions, None, schema=schemas)
-    assert got == [0.0, 0.0, 0.0, 1.0, 0.0]  # never None, never an exception for the batch
+    assert got == [0.0, 1.0, 0.0, 1.0, 0.0]  # never None, never an exception for the batch (99...9 is a multiple of 0.01)
     assert [v.reason for v in fn.verdicts(None, completions[:1], None, schema=schemas[:1])] == ["timeout"]
     assert time.monotonic() - start < 30  # one cut-off stall each, plus worker restarts on a shared machine
 
@@ -69,3 +69,10 @@ def test_schema_patterns_are_checked_as_ecma_at_load():
     assert fn(None, ['"h\u00e9llo"', '"h1"'], None) == [1.0, 0.0]
     with pytest.raises(ValueError, match="schema itself is invalid"):
         REWARDS.get("json_schema")(schema={"type": "string", "pattern": "(("})
+
+
+@pytest.mark.parametrize("value, divisor, ok", [("0.3", 0.1, True), ("0.35", 0.1, False), ("19.99", 0.01, True), ("1e308", 0.5, True),
+                                                ("9" * 5000, 0.01, True), ("9" * 5000, 7, False), ("10", 3, False)])
+def test_multiple_of_is_exact(value, divisor, ok):
+    schema = {"type": "object", "properties": {"n": {"multipleOf": divisor}}}
+    assert check_json('{"n": %s}' % value, schema).correct is ok
