@@ -1,20 +1,25 @@
-"""The math checker: strict final-answer extraction, generous equivalence.
+"""The math checker: strict final-answer extraction, generous equivalence (docs/checkers.md).
 
 Extraction is strict because training optimises whatever the extractor lets through:
   * a final answer is read only from an anchor: ``\\boxed{}``/``\\fbox{}``, ``<answer>…</answer>``,
-    ``Answer:`` / ``The (final) answer is``, ``#### x``, or — when the completion (or the text after
-    a ``</think>`` block) is nothing but a short answer — that text itself;
-  * every anchor is read and the distinct answers counted: more than one is ``multiple_answers``
-    (answer spraying scores 0); there is no "last number anywhere" fallback;
-  * a hedged answer (``3 or 4``, ``maybe 5``, ``approximately 7``) is ``hedged`` and scores 0;
+    ``Answer:`` / ``The (final | correct) answer is``, ``#### x``, a "Final Answer" heading with the
+    answer under it, or — when the completion (or the text after a ``</think>`` block) is nothing
+    but a short answer — that text itself;
+  * every anchor is read (several on one line too) and the distinct answers counted: more than one
+    is ``multiple_answers`` (answer spraying scores 0); more boxes or anchors than the caps is
+    rejected, never read in part; there is no "last number anywhere" fallback;
+  * an answer taken back after it was stated (``Answer: 18. No wait, that's wrong.``) is
+    ``retracted``; a hedged answer (``3 or 4``, ``maybe 5``, ``at least 7``) is ``hedged``;
   * a truncated completion (the trainer's ``truncated`` column) scores 0, whatever it contains.
 
 Equivalence is generous about *form* and exact about *value*: numbers compare as exact fractions
-after reading integers, decimals, fractions, ``\\frac``, thousands separators, scientific forms,
-number words, currency and unit words; a percent sign means /100 only when the gold is a
-percentage (so ``50%`` is never accepted for a gold of ``0.5``: that is the ×100 decoy). Anything
-else goes to math-verify (LaTeX parsing and symbolic comparison) in a killable worker process
-after the input passed size, digit and exponent bounds. Model text is never evaluated as code.
+after reading integers, decimals, fractions, mixed numbers, repeating decimals, ``\\frac``,
+thousands separators, scientific forms, number and fraction words, currency and allow-listed
+units; a percent sign means /100 only when the gold is a percentage (so ``50%`` is never accepted
+for a gold of ``0.5``: that is the ×100 decoy). Anything else goes to math-verify (LaTeX parsing
+and symbolic comparison) in a killable worker process after the input passed size, digit and
+exponent bounds, with decimals read as the exact numbers they spell (``3.141593`` is not π).
+Model text is never evaluated as code.
 """
 
 from __future__ import annotations
