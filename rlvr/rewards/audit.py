@@ -11,9 +11,13 @@ score as a completion that hit the length limit) and, for json, ``gold`` and ``i
 ``expected`` says whether a trustworthy checker should accept the completion.
 
 Report: true/false positives and negatives, errors (the checker raised), timeouts, per-category
-counts and every disagreement. The exit code is 1 when any case disagrees (a false positive is
-an exploitable checker; a false negative is a correct answer the policy is punished for) or the
-checker raised, 2 when the cases cannot be read, else 0.
+counts and every disagreement; the false-negative rate on the expected-true cases (and on the
+``well_formed`` category, correct answers written in the many styles people use, when the case file
+has one); the slowest case; for code, which sandbox isolation ran (a loud warning when the host
+filesystem was visible to the programs) and which cases have tests that are not tamper-proof (an
+expected value judged inside the sandbox). The exit code is 1 when any case disagrees (a false
+positive is an exploitable checker; a false negative is a correct answer the policy is punished
+for) or the checker raised, 2 when the cases cannot be read, else 0.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ def _json(case: dict) -> Verdict:
     from rlvr.rewards.jsoncheck import check_json
 
     return check_json(case["completion"], case["schema"], gold=case.get("gold"),
-                      incomplete_reward=float(case.get("incomplete_reward", 0.0)), truncated=bool(case.get("truncated", False)))
+                      incomplete_reward=float(case.get("incomplete_reward", 0.0)),
+                      truncated=bool(case.get("truncated", False)), timeout_s=float(case.get("timeout_s", 2.0)))
 
 
 _RUNNERS: dict[str, tuple[Callable[[dict], Verdict], tuple[str, ...], int]] = {
@@ -60,6 +65,21 @@ _RUNNERS: dict[str, tuple[Callable[[dict], Verdict], tuple[str, ...], int]] = {
     "code": (_code, ("tests",), 8),  # sandboxes mostly wait: run many at once
     "json": (_json, ("schema",), 1),
 }
+
+
+def _warm_math() -> None:
+    from rlvr.rewards.mathcheck import check_math
+
+    check_math("\\boxed{x+1}", "1+x")
+
+
+def _warm_json() -> None:
+    from rlvr.rewards.jsoncheck import check_json
+
+    check_json("{}", {"type": "object"})
+
+
+_WARM_UP = {"math": _warm_math, "json": _warm_json}
 
 
 class CaseError(ValueError):
@@ -104,15 +124,21 @@ def audit(checker: str | Callable[[dict], Verdict], rows: list[dict], workers: i
         name = checker
     workers = workers or default_workers
 
-    def one(row: dict) -> tuple[dict, Verdict | None, str | None]:
+    def one(row: dict) -> tuple[dict, Verdict | None, str | None, float]:
+        start = time.perf_counter()
         try:
-            return row, runner(row), None
+            verdict, error = runner(row), None
         except Exception as exc:  # noqa: BLE001 - a raising checker is a finding, not a crash
-            return row, None, f"{type(exc).__name__}: {exc}"
+            verdict, error = None, f"{type(exc).__name__}: {exc}"
+        return row, verdict, error, time.perf_counter() - start
 
+    if not callable(checker) and checker in _WARM_UP:
+        _WARM_UP[checker]()  # start the worker processes first: their start-up is not a case's time
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        results = list(pool.map(one, rows))
+        timed = list(pool.map(one, rows))
+    results = [(row, verdict, error) for row, verdict, error, _ in timed]
+    slowest_row, _, _, slowest_s = max(timed, key=lambda r: r[3]) if timed else ({"name": None}, None, None, 0.0)
     counts: Counter[str] = Counter()
     by_category: dict[str, Counter[str]] = defaultdict(Counter)
     disagreements = []
@@ -137,8 +163,24 @@ def audit(checker: str | Callable[[dict], Verdict], rows: list[dict], workers: i
                 "extracted": None if verdict is None else verdict.extracted,
                 "completion": row["completion"][:160],
             })
+    positives = [(row, verdict, error) for row, verdict, error in results if row["expected"]]
+    well_formed = [(row, verdict, error) for row, verdict, error in positives if row["category"] == "well_formed"]
+
+    def fn_rate(group: list) -> float | None:
+        return round(sum(1 for _, v, e in group if e is not None or not v.correct) / len(group), 4) if group else None
+
+    isolations = Counter(v.extra.get("isolation") for _, v, _ in results if v is not None and v.extra.get("isolation"))
+    not_tamper_proof = [{"name": row["name"], "tests": v.extra["not_tamper_proof"]}
+                        for row, v, _ in results if v is not None and v.extra.get("not_tamper_proof")]
     return {
         "checker": name,
+        "false_negative_rate": fn_rate(positives),
+        "well_formed_false_negative_rate": fn_rate(well_formed),
+        "well_formed_cases": len(well_formed),
+        "slowest_case": {"name": slowest_row.get("name"), "seconds": round(slowest_s, 3)},
+        "isolation": dict(isolations),
+        "host_visible_to_programs": isolations.get("rlimits", 0) > 0,
+        "not_tamper_proof": not_tamper_proof,
         "cases": len(rows),
         "true_positives": counts["tp"],
         "false_positives": counts["fp"],
@@ -162,6 +204,22 @@ def _print_table(report: dict[str, Any], out=None) -> None:
     p(f"  false negatives {report['false_negatives']:5d}   (rejected but correct: punishes right answers)")
     p(f"  errors          {report['errors']:5d}   (the checker raised)")
     p(f"  timeouts        {report['timeouts']:5d}   (scored 0)")
+    if report["false_negative_rate"] is not None:
+        p(f"  false-negative rate {report['false_negative_rate']:.2%} of the cases that should be accepted")
+    if report["well_formed_false_negative_rate"] is not None:
+        rate, n = report["well_formed_false_negative_rate"], report["well_formed_cases"]
+        p(f"  false-negative rate {rate:.2%} on {n} well-formed answers")
+    p(f"  slowest case    {report['slowest_case']['name']} ({report['slowest_case']['seconds']} s)")
+    if report["isolation"]:
+        p(f"  sandbox isolation: {', '.join(f'{k} ({n} cases)' for k, n in report['isolation'].items())}")
+    if report["host_visible_to_programs"]:
+        p("  WARNING: programs ran with isolation=rlimits and could see the host filesystem and its unix sockets;")
+        p("           install bubblewrap (apt-get install bubblewrap) or run as root with CAP_SYS_ADMIN")
+    if report["not_tamper_proof"]:
+        n = len(report["not_tamper_proof"])
+        p(f"  not tamper-proof: {n} case(s) have tests whose expected value is judged in the sandbox:")
+        for item in report["not_tamper_proof"][:20]:
+            p(f"    {item['name']}: tests {item['tests']}")
     p("")
     p(f"  {'category':<18} {'tp':>5} {'tn':>5} {'fp':>5} {'fn':>5} {'err':>5}")
     for category, c in report["by_category"].items():

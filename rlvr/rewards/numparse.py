@@ -40,6 +40,15 @@ _FRAC_RE = re.compile(rf"^({_SIGN})\\[dt]?frac\{{\s*({_SIGN}[\d.,]+)\s*\}}\{{\s*
 _SLASH_RE = re.compile(rf"^({_SIGN}[\d.,]+)\s*/\s*({_SIGN}[\d.,]+)$")
 _TIMES_POW_RE = re.compile(r"^(.+?)\s*(?:\\times|\\cdot|×|\*|x)\s*10\s*\^\s*\{?\s*([-+]?\d+)\s*\}?$")
 _SCALE_RE = re.compile(r"^(.+?)\s+(thousand|million|billion|trillion)$")
+_MIXED_RE = re.compile(rf"^({_SIGN})(\d+)\s*(?:\s(\d+)\s*/\s*(\d+)|\\[dt]?frac\{{\s*(\d+)\s*\}}\{{\s*(\d+)\s*\}})$")
+_REPEATING_RE = re.compile(rf"^({_SIGN})(\d*)\.(\d*)\\overline\{{\s*(\d+)\s*\}}$")
+# Denominators spelled as ordinals: "two thirds", "one half", "three quarters", "a fifth".
+_ORDINALS = {
+    "half": 2, "halves": 2, "third": 3, "thirds": 3, "quarter": 4, "quarters": 4, "fourth": 4, "fourths": 4,
+    "fifth": 5, "fifths": 5, "sixth": 6, "sixths": 6, "seventh": 7, "sevenths": 7, "eighth": 8, "eighths": 8,
+    "ninth": 9, "ninths": 9, "tenth": 10, "tenths": 10, "hundredth": 100, "hundredths": 100,
+    "thousandth": 1000, "thousandths": 1000,
+}
 _DIGIT_RUN_RE = re.compile(r"\d+")
 
 
@@ -150,6 +159,42 @@ def parse_number(s: str) -> Fraction | None:
         if mant is None:
             w = parse_number_words(m.group(1))
             mant = Fraction(w) if w is not None else None
-        return None if mant is None else mant * _SCALES[m.group(2)]
+        if mant is not None:
+            return mant * _SCALES[m.group(2)]
+    m = _MIXED_RE.match(s)
+    if m:  # "1 1/2", "1\\frac{1}{2}": a whole number and a proper fraction
+        whole, num, den = int(m.group(2)), int(m.group(3) or m.group(5)), int(m.group(4) or m.group(6))
+        if den == 0 or num >= den:
+            return None
+        return _sign(m.group(1)) * (whole + Fraction(num, den))
+    m = _REPEATING_RE.match(s)
+    if m:  # 0.1\\overline{6} = 1/6: the repeating block over 9...9, shifted past the fixed digits
+        whole, fixed, block = m.group(2) or "0", m.group(3), m.group(4)
+        value = Fraction(int(whole)) + Fraction(int(fixed or "0"), 10 ** len(fixed))
+        value += Fraction(int(block), (10 ** len(block) - 1) * 10 ** len(fixed))
+        return _sign(m.group(1)) * value
     words = parse_number_words(s)
-    return Fraction(words) if words is not None else None
+    if words is not None:
+        return Fraction(words)
+    return parse_fraction_words(s)
+
+
+def parse_fraction_words(s: str) -> Fraction | None:
+    """``"two thirds"`` -> 2/3, ``"one half"`` / ``"a half"`` -> 1/2, ``"18 thousandths"`` -> 18/1000,
+    ``"half a million"`` -> 500000; ``None`` for anything else. A denominator word changes the value,
+    so it is read here and never stripped as if it were a unit."""
+    words = s.lower().replace("-", " ").split()
+    if len(words) == 3 and words[0] == "half" and words[1] == "a" and words[2] in (*_SCALES, "hundred", "dozen"):
+        return Fraction({**_SCALES, "hundred": 100, "dozen": 12}[words[2]], 2)
+    if len(words) < 2 or words[-1] not in _ORDINALS:
+        return None
+    head = " ".join(words[:-1])
+    if head in ("a", "an"):
+        num: Fraction | int | None = 1
+    else:
+        num = _parse_decimal(head) if re.fullmatch(r"\d+", head) else parse_number_words(head)
+    if num is None:
+        return None
+    if (num == 1) == words[-1].endswith("s"):  # "one thirds", "two third": not well-formed
+        return None
+    return Fraction(num) / _ORDINALS[words[-1]]

@@ -1,4 +1,4 @@
-"""Run untrusted Python in a sandbox and collect what it reported, with hard limits (issue 5).
+"""Run untrusted Python in a sandbox and collect what it reported, with hard limits.
 
 The parent side of ``_sandbox_harness.py``. One call, ``run_sandboxed``, starts the harness in
 its own session, feeds it the spec over a pipe, reads stdout, stderr and the result channel with
@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 HARNESS_PATH = Path(__file__).with_name("_sandbox_harness.py")
+MAX_VALUE_CHARS = 8 << 20  # one returned value, encoded (the harness's limit): ~1M small ints in a list
+CHANNEL_BYTES = 64 << 20  # all values of one run together
 Isolation = Literal["auto", "namespaces", "bwrap", "rlimits"]
 
 
@@ -127,30 +129,38 @@ def _explicit_isolation(isolation: str) -> str:
     return isolation
 
 
-def bwrap_argv(workdir: str) -> list[str]:
-    """bubblewrap wrapper: read-only root, private /tmp and /dev, no network, new session, dies with us."""
+def root_paths() -> list[str]:
+    """What the sandbox's otherwise empty root holds, read-only: system libraries and this
+    interpreter's prefixes (the harness computes the same list for the namespaces isolation)."""
+    wanted = {"/usr", "/etc/ld.so.cache", "/etc/localtime", sys.prefix, sys.base_prefix, sys.exec_prefix,
+              sys.base_exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    real = sorted({os.path.realpath(p) for p in wanted if os.path.exists(p)})
+    return [p for i, p in enumerate(real) if not any(p.startswith(q + "/") or p == q for q in real[:i])]
+
+
+def bwrap_argv(workdir: str, tmpfs_mb: int) -> list[str]:
+    """bubblewrap wrapper: an empty root with only the interpreter and system libraries bound
+    read-only, private sized /tmp and /dev/shm, new /dev and /proc, no network, new session,
+    dies with us. ``workdir`` (0700, deleted after the run) is the working directory."""
+    size = str(tmpfs_mb << 20)
+    links = [a for link in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32") if os.path.islink(link)
+             for a in ("--symlink", os.readlink(link), link)]
     return [
         shutil.which("bwrap") or "bwrap",
-        "--ro-bind", "/", "/",
+        # the fresh /tmp first: an interpreter or checkout under /tmp (CI) is bound over it, not hidden by it
         "--dev", "/dev",
         "--proc", "/proc",
-        "--tmpfs", "/tmp",
-        # The interpreter, its venv and the harness may live under /tmp (a CI checkout): bind them
-        # back read-only over the fresh tmpfs, or the sandbox cannot start.
-        *[arg for path in _interpreter_paths_under("/tmp") for arg in ("--ro-bind", path, path)],
+        "--size", size, "--tmpfs", "/tmp",
+        "--size", size, "--tmpfs", "/dev/shm",
+        *[arg for path in root_paths() for arg in ("--ro-bind", path, path)],
+        "--ro-bind", str(HARNESS_PATH), str(HARNESS_PATH),
+        *links,
         "--bind", workdir, workdir,
         "--chdir", workdir,
         "--unshare-all",
         "--die-with-parent",
         "--new-session",
     ]
-
-
-def _interpreter_paths_under(top: str) -> list[str]:
-    """Topmost of the paths the harness needs (interpreter, prefixes, the harness file) under ``top``."""
-    needed = {sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(sys.executable), str(HARNESS_PATH)}
-    inside = sorted(os.path.realpath(p) for p in needed if os.path.realpath(p).startswith(top + "/"))
-    return [p for i, p in enumerate(inside) if not any(p.startswith(q + "/") for q in inside[:i])]
 
 
 def _sweep(predicate, max_passes: int = 50) -> int:
@@ -246,7 +256,7 @@ def run_sandboxed(
     }
     argv = [sys.executable, "-I", str(HARNESS_PATH)]
     if chosen == "bwrap":
-        argv = bwrap_argv(workdir) + argv
+        argv = bwrap_argv(workdir, limits.tmpfs_mb) + argv
     result_r, result_w = os.pipe()
     result = RunResult(isolation=chosen)
     start = time.monotonic()
@@ -322,6 +332,11 @@ def _pump(proc: subprocess.Popen, spec: bytes, result_r: int, deadline: float, c
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                # This thread may wake late (another thread held the GIL): a program that already
+                # finished is judged on what it wrote, not on when the parent got round to it.
+                if _has_exited(proc.pid):
+                    _drain(buffers)
+                    break
                 result.timed_out = True
                 break
             events = sel.select(timeout=min(remaining, 0.05 if exit_fd is None else remaining))
@@ -348,7 +363,7 @@ def _pump(proc: subprocess.Popen, spec: bytes, result_r: int, deadline: float, c
                         sel.unregister(fd)
                         continue
                     buffers[fd] += chunk
-                    limit = cap if fd != result_r else 4 * cap
+                    limit = cap if fd != result_r else max(4 * cap, CHANNEL_BYTES)
                     if len(buffers[fd]) > limit:
                         result.output_overflow = True
             if result.output_overflow:
@@ -406,7 +421,7 @@ def _parse_channel(channel: bytes, token: str, result: RunResult) -> None:
         if kind == "NOTE":
             result.notes.append(payload)
             continue
-        result.records.append((kind, idx, payload.replace("\\n", "\n")))
+        result.records.append((kind, idx, payload))
         if kind == "DONE":
             result.done = True
 
@@ -418,6 +433,56 @@ def _parse_channel(channel: bytes, token: str, result: RunResult) -> None:
 
 class NotLiteral(ValueError):
     pass
+
+
+def decode_value(payload: str) -> Any:
+    """The value the harness encoded (see ``_sandbox_harness``'s module doc): exact and reversible
+    for any string, any int, floats (inf, nan), bytes, complex, Fraction, Decimal and containers;
+    Counter stays a Counter, other dict subclasses become dicts and namedtuples tuples."""
+    from collections import Counter
+    from decimal import Decimal
+    from fractions import Fraction
+
+    if len(payload) > MAX_VALUE_CHARS + 64:
+        raise NotLiteral("value too large")
+    try:
+        tree = json.loads(payload)
+    except (ValueError, RecursionError) as exc:
+        raise NotLiteral(f"not an encoded value: {exc}") from None
+
+    def build(node: Any) -> Any:
+        if node is None or isinstance(node, (bool, int, str)):
+            return node
+        if isinstance(node, list):
+            return [build(x) for x in node]
+        if not isinstance(node, dict) or len(node) != 1:
+            raise NotLiteral("malformed value")
+        (tag, body), = node.items()
+        if tag == "i":
+            return int(body, 16)
+        if tag == "f":
+            return float.fromhex(body)
+        if tag == "c":
+            return complex(float.fromhex(body[0]), float.fromhex(body[1]))
+        if tag == "y":
+            return bytes.fromhex(body)
+        if tag == "q":
+            return Fraction(int(body[0], 16), int(body[1], 16))
+        if tag == "D":
+            return Decimal(body)
+        if tag == "t":
+            return tuple(build(x) for x in body)
+        if tag in ("S", "F"):
+            return (set if tag == "S" else frozenset)(build(x) for x in body)
+        if tag in ("d", "C"):
+            pairs = {build(k): build(v) for k, v in body}
+            return Counter(pairs) if tag == "C" else pairs
+        raise NotLiteral(f"unknown value tag {tag!r}")
+
+    try:
+        return build(tree)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise NotLiteral(f"malformed value: {exc}") from None
 
 
 def literal_value(node: ast.AST | str) -> Any:

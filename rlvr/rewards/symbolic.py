@@ -1,4 +1,4 @@
-"""Symbolic equivalence with a timeout enforced from outside: a small pool of killable workers.
+"""Checks with a timeout enforced from outside: small pools of killable worker processes (math-verify, JSON Schema).
 
 Why a process and not ``signal.alarm``: the alarm only works on the main thread (TRL and rlvr
 call reward functions from wherever they like, including thread pools), and some sympy calls —
@@ -68,21 +68,25 @@ class _Worker:
         self.proc.wait()
 
 
-class SymbolicPool:
-    """``compare(gold, pred, timeout_s)`` on up to ``size`` worker processes."""
+class WorkerPool:
+    """``request(payload, timeout_s)`` on up to ``size`` processes running ``script``: one JSON
+    line in, one JSON line out; a worker past its deadline is killed and replaced lazily."""
 
-    def __init__(self, size: int = 2):
+    def __init__(self, script: Path, size: int = 2, install_hint: str = ""):
+        self.script = script
+        self.install_hint = install_hint
         self.size = size
         self.owner_pid = os.getpid()
         self._idle: list[_Worker] = []
         self._live = 0
         self._cond = threading.Condition()
+        self._closed = False
         self.timeouts = 0  # comparisons killed at their deadline since the pool started
         self.restarts = 0
 
     def _spawn(self) -> _Worker:
         proc = subprocess.Popen(
-            [sys.executable, "-I", str(WORKER_PATH)],
+            [sys.executable, "-I", str(self.script)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -94,8 +98,7 @@ class SymbolicPool:
         if line is None or not json.loads(line).get("ready"):
             worker.kill()
             raise RuntimeError(
-                "the math-verify worker did not start; check that math-verify is installed in "
-                f"{sys.executable}'s environment (pip install math-verify)"
+                f"the {self.script.stem} worker did not start; {self.install_hint} in {sys.executable}'s environment"
             )
         return worker
 
@@ -114,6 +117,25 @@ class SymbolicPool:
                 self._cond.notify()
             raise
 
+    def _replace(self) -> None:
+        """Start the killed worker's successor in the background (its slot stays counted), so the
+        next request waits for it only if it arrives before the imports are done, and a timeout
+        is never followed by one caller paying seconds of start-up."""
+
+        def spawn() -> None:
+            try:
+                worker = self._spawn()
+            except BaseException:  # noqa: BLE001 - the next request retries and reports the start failure
+                self._release(None)
+                return
+            if self._closed:
+                worker.kill()
+                self._release(None)
+                return
+            self._release(worker)
+
+        threading.Thread(target=spawn, name=f"{self.script.stem}-respawn", daemon=True).start()
+
     def _release(self, worker: _Worker | None) -> None:
         with self._cond:
             if worker is None:
@@ -122,10 +144,11 @@ class SymbolicPool:
                 self._idle.append(worker)
             self._cond.notify()
 
-    def compare(self, gold: str, pred: str, timeout_s: float) -> Outcome:
+    def request(self, payload: dict, timeout_s: float) -> tuple[str, dict | None]:
+        """("ok", reply) | ("timeout", None) | ("error", None): the worker died or answered garbage."""
         worker = self._acquire()
         try:
-            worker.proc.stdin.write((json.dumps({"gold": gold, "pred": pred}) + "\n").encode())
+            worker.proc.stdin.write((json.dumps(payload) + "\n").encode())
             worker.proc.stdin.flush()
             line = worker.read_line(time.monotonic() + timeout_s)
         except (BrokenPipeError, OSError):
@@ -133,21 +156,20 @@ class SymbolicPool:
         if line is None:
             timed_out = worker.proc.poll() is None
             worker.kill()
-            self._release(None)
             with self._cond:
                 if timed_out:
                     self.timeouts += 1
                 self.restarts += 1
-            return "timeout" if timed_out else "error"
+            self._replace()
+            return ("timeout" if timed_out else "error"), None
         self._release(worker)
-        reply = json.loads(line)
-        if "error" in reply:
-            return "error"
-        if not reply.get("parsed", True):
-            return "unparsed"
-        return "equal" if reply["equal"] else "not_equal"
+        try:
+            return "ok", json.loads(line)
+        except ValueError:
+            return "error", None
 
     def close(self) -> None:
+        self._closed = True
         with self._cond:
             idle, self._idle = self._idle, []
             self._live -= len(idle)
@@ -155,24 +177,54 @@ class SymbolicPool:
             worker.kill()
 
 
-_POOL: SymbolicPool | None = None
+class SymbolicPool(WorkerPool):
+    """``compare(gold, pred, timeout_s)`` on math-verify workers."""
+
+    def __init__(self, size: int = 2):
+        super().__init__(WORKER_PATH, size, "check that math-verify is installed (pip install math-verify)")
+
+    def compare(self, gold: str, pred: str, timeout_s: float, gold_decimals: int | None = None) -> Outcome:
+        """``gold_decimals``: the gold is a decimal with this many places, and a prediction that
+        rounds to it is the same answer; None: the gold is exact and so must the prediction be."""
+        status, reply = self.request({"gold": gold, "pred": pred, "decimals": gold_decimals}, timeout_s)
+        if reply is None:
+            return status  # type: ignore[return-value]
+        if "error" in reply:
+            return "error"
+        if not reply.get("parsed", True):
+            return "unparsed"
+        return "equal" if reply["equal"] else "not_equal"
+
+
+_POOLS: dict[str, WorkerPool] = {}
 _POOL_LOCK = threading.Lock()
 
 
-def get_pool() -> SymbolicPool:
-    """This process's pool (a forked child gets a fresh one; it must not share its parent's pipes)."""
-    global _POOL
+def _get(name: str, make) -> WorkerPool:
+    # This process's pool (a forked child gets a fresh one; it must not share its parent's pipes).
     with _POOL_LOCK:
-        if _POOL is None or _POOL.owner_pid != os.getpid():
-            _POOL = SymbolicPool()
-        return _POOL
+        pool = _POOLS.get(name)
+        if pool is None or pool.owner_pid != os.getpid():
+            pool = _POOLS[name] = make()
+        return pool
+
+
+def get_pool() -> SymbolicPool:
+    """This process's math-verify pool."""
+    return _get("math", SymbolicPool)  # type: ignore[return-value]
+
+
+def get_json_pool() -> WorkerPool:
+    """This process's JSON-validation pool (``_json_worker.py``)."""
+    return _get("json", lambda: WorkerPool(Path(__file__).with_name("_json_worker.py"), 2,
+                                           "check that jsonschema, regress and email-validator are installed"))
 
 
 def _forget_parent_pool() -> None:
-    # A forked child inherits the parent's pool object (and possibly a held lock) but not its
+    # A forked child inherits the parent's pool objects (and possibly a held lock) but not its
     # worker processes' ownership; start from nothing.
-    global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()
+    global _POOLS, _POOL_LOCK
+    _POOLS, _POOL_LOCK = {}, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_parent_pool)
@@ -180,5 +232,6 @@ os.register_at_fork(after_in_child=_forget_parent_pool)
 
 @atexit.register
 def _close_pool() -> None:
-    if _POOL is not None and _POOL.owner_pid == os.getpid():
-        _POOL.close()
+    for pool in list(_POOLS.values()):
+        if pool.owner_pid == os.getpid():
+            pool.close()

@@ -105,13 +105,119 @@ def test_rlimits_fallback_kills_a_detached_child_by_its_marker():
 def test_rlimits_fallback_runs_and_says_so():
     v = check_code("def add(a, b):\n    return a + b\n", ["assert add(1, 2) == 3"], limits=FAST, isolation="rlimits")
     assert v.correct and v.extra["isolation"] == "rlimits"
+    assert any("host filesystem" in note for note in v.extra["notes"])
+
+
+@pytest.mark.parametrize("isolation", ["namespaces", "bwrap"])
+def test_empty_root_hides_host_files_sockets_and_keeps_nothing(tmp_path, isolation):
+    import shutil
+    import tempfile
+
+    from rlvr.rewards.sandbox import _works
+
+    if isolation == "namespaces" and os.geteuid() != 0 or isolation == "bwrap" and shutil.which("bwrap") is None \
+            or not _works(isolation):
+        pytest.skip(f"{isolation} isolation is not available here (root with CAP_SYS_ADMIN, or bubblewrap that can run)")
+    host_tmp = Path(tempfile.mkdtemp(prefix="rlvr-host-", dir="/tmp"))
+    try:
+        os.chmod(host_tmp, 0o777)
+        secret = host_tmp / "cases.jsonl"
+        secret.write_text('{"expected": 5}')
+        os.chmod(secret, 0o644)
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(host_tmp / "host.sock"))
+        os.chmod(host_tmp / "host.sock", 0o777)
+        server.listen(1)
+        probe = (
+            "import os, socket\n"
+            f"def secret():\n    return open({str(secret)!r}).read()\n"
+            f"def sock():\n    s = socket.socket(socket.AF_UNIX)\n    s.connect({str(host_tmp / 'host.sock')!r})\n    return 1\n"
+            "def project():\n    return os.path.exists(" + repr(str(Path(__file__).resolve())) + ")\n"
+            f"def persist():\n    open({str(host_tmp / 'left.txt')!r}, 'w').write('x')\n    return 1\n"
+            "def scratch():\n    import tempfile\n    with open(os.path.join(tempfile.gettempdir(), 'mine.txt'), 'w') as f:\n        f.write('ok')\n    return 1\n"
+        )
+        tests = ["assert secret() == 'x'", "assert sock() == 1", "assert project() is False", "assert persist() == 1", "assert scratch() == 1"]
+        v = check_code(probe, tests, limits=FAST, isolation=isolation)
+        outcome = dict(v.extra["failures"])
+        assert "OSError" in outcome[0] or "FileNotFoundError" in outcome[0], outcome  # the case file is not there
+        assert 1 in outcome, outcome  # nor the host's socket
+        assert 2 not in outcome  # the project's files do not exist for it
+        assert 3 in outcome and not (host_tmp / "left.txt").exists()  # nothing written outside its private tmp
+        assert 4 not in outcome  # its own tmp is writable
+        server.close()
+    finally:
+        shutil.rmtree(host_tmp, ignore_errors=True)
 
 
 def test_expected_values_never_enter_the_sandbox():
-    compiled = compile_assert_tests(["assert f(2) == 12345", "assert 777 == g()", "assert h(1) != 'secret'"])
-    sent = json.dumps(compiled.steps)
-    assert "12345" not in sent and "777" not in sent and "secret" not in sent
-    assert [c.kind for t in compiled.tests for c in t] == ["compare"] * 3
+    tests = [
+        "assert f(2) == 12345", "assert 777 == g()", "assert h(1) != 'secret'",
+        "assert abs(area(2) - 12.566) < 1e-6", "assert f(1) == 4242 and f(2) == 4343", "assert 0 < f(3) < 9191 == 9191",
+        "assert all(f(x) == y for x, y in [(1, 5151), (2, 5252)])", "for x, y in [(1, 6161), (2, 6262)]:\n    assert f(x) == y",
+        "CASES = [(1, 7171)]\nfor a, b in CASES:\n    assert f(a) == b", "import math\nassert math.isclose(f(1), 8.125, rel_tol=1e-9)",
+    ]
+    compiled = compile_assert_tests(tests)
+    sent = json.dumps([s for s in compiled.steps if s["kind"] == "eval"])
+    for literal in ("12345", "777", "secret", "12.566", "4242", "4343", "9191", "5151", "5252", "6161", "6262", "7171", "8.125"):
+        assert literal not in sent, literal
+    assert compiled.not_tamper_proof() == []
+    # a comparison of two computed values, or an assert inside a helper, is judged in the sandbox: reported
+    shaky = compile_assert_tests(["assert f(3) == reference(3)", "def check():\n    assert f(1) == 2\ncheck()", "assert f(1) == 2",
+                                  "import numpy as np\nassert np.allclose(f(1), [0.5])"])
+    assert shaky.not_tamper_proof() == [0, 1, 3]
+    # the test's own imports of pure functions are applied in the parent too
+    aliased = compile_assert_tests(["from math import isclose\nassert isclose(f(1), 0.3125)", "import math as m\nassert m.isclose(f(1), 0.3125)"])
+    assert "0.3125" not in json.dumps(aliased.steps) and aliased.not_tamper_proof() == []
+    # a literal bound to a name stays in the parent unless a statement run in the sandbox needs it
+    named = compile_assert_tests(["expected = [4141] * 3\nassert f() == expected", "data = [3, 1, 2]\nsort_in_place(data)\nassert data == [1, 2, 3]"])
+    sent = json.dumps(named.steps)
+    assert "4141" not in sent and "data = [3, 1, 2]" in sent and named.not_tamper_proof() == []
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        "class Z:\n    def __sub__(s, o): return 0\n    __rsub__ = __sub__\n    def __abs__(s): return 0\n    def __lt__(s, o): return True\n"
+        "def area(r):\n    return Z()\n",
+        "import builtins\nbuiltins.abs = lambda x: 0\ndef area(r):\n    return 0.0\n",
+        "import math\nmath.isclose = lambda *a, **k: True\ndef area(r):\n    return 0.0\n",
+        "class T(float):\n    def __sub__(s, o): return 0.0\n    __rsub__ = __sub__\ndef area(r):\n    return T(1.0)\n",
+        "def area(r):\n    return 1.0\n",
+    ],
+)
+def test_tolerance_asserts_are_judged_in_the_parent(program):
+    tests = ["assert abs(area(2) - 12.566370614359172) < 1e-6", "import math\nassert math.isclose(area(2), 12.566370614359172)"]
+    v = check_code(program, tests, limits=FAST)
+    assert not v.correct and v.extra["passed"] == 0, v.extra
+    assert check_code("import math\ndef area(r):\n    return math.pi * r * r\n", tests, limits=FAST).correct
+
+
+@pytest.mark.parametrize(
+    "program, tests, expected",
+    [
+        ("def f(s):\n    return s\n", ["assert f('a\\nb\\\\n') == 'a\\nb\\\\n'", "assert f('\\\\n') == '\\\\n'"], True),
+        ("def f(s):\n    return s.replace('\\n', '\\\\n')\n", ["assert f('a\\nb') == 'a\\nb'"], False),
+        ("def f():\n    return 7 ** 6000\n", ["assert f() == 7 ** 6000"], True),
+        ("def f():\n    return 7 ** 6000 + 1\n", ["assert f() == 7 ** 6000"], False),
+        ("def f():\n    return list(range(300000))\n", ["assert f() == list(range(300000))"], True),
+        ("from fractions import Fraction\ndef f():\n    return Fraction(1, 3)\n", ["from fractions import Fraction\nassert f() == Fraction(1, 3)"], True),
+        ("from decimal import Decimal\ndef f():\n    return Decimal('1.5')\n", ["from decimal import Decimal\nassert f() == Decimal('1.5')"], True),
+        ("from collections import Counter\ndef f():\n    return Counter('aab')\n", ["assert f() == {'a': 2, 'b': 1}"], True),
+        ("from collections import defaultdict\ndef f():\n    d = defaultdict(int)\n    d['a'] += 1\n    return d\n", ["assert f() == {'a': 1}"], True),
+        ("from collections import namedtuple\nP = namedtuple('P', 'x y')\ndef f():\n    return P(1, 2)\n", ["assert f() == (1, 2)"], True),
+        ("def f():\n    return float('nan'), float('inf'), -0.0, b'\\x00', 1 + 2j\n", ["import math\nassert math.isnan(f()[0]) and f()[1:] == (float('inf'), 0.0, b'\\x00', 1 + 2j)"], True),
+    ],
+)
+def test_plain_data_round_trip_is_exact(program, tests, expected):
+    v = check_code(program, tests, limits=FAST)
+    assert v.correct is expected, (v.reason, v.extra)
+
+
+def test_dataset_conventions_solution_module_and_multiprocessing():
+    program = "from multiprocessing import Pool\ndef sq(x):\n    return x * x\ndef f(xs):\n    with Pool(2) as p:\n        return p.map(sq, xs)\n"
+    tests = ["from solution import f\nassert f([1, 2, 3]) == [1, 4, 9]", "import solution\nassert solution.sq(4) == 16"]
+    v = check_code(program, tests, limits=Limits(timeout_s=10.0, memory_mb=512))
+    assert v.correct, (v.reason, v.extra)
 
 
 def test_literal_reader_handles_repr_forms_and_refuses_code():
@@ -171,3 +277,33 @@ def test_rlimits_fallback_as_root_cannot_signal_root_processes():
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_busy_parent_thread_does_not_time_out_a_finished_program():
+    # A thread holding the GIL past the deadline (a slow parse elsewhere in the batch) used to make
+    # the pump wake after the deadline and score a program that had long finished as a timeout.
+    import time
+
+    from rlvr.rewards import sandbox
+
+    real_select = sandbox.selectors.DefaultSelector
+
+    class LateSelector(real_select):
+        slept = False
+
+        def select(self, timeout=None):
+            # once the spec is written (stdin unregistered), stall past the deadline as if another
+            # thread held the GIL; the program finishes meanwhile
+            if not LateSelector.slept and len(self.get_map()) <= 4:
+                LateSelector.slept = True
+                time.sleep(2.5)
+                return []  # woke up late with nothing read yet: the next look is past the deadline
+            return super().select(timeout)
+
+    sandbox.selectors.DefaultSelector = LateSelector
+    try:
+        run = run_sandboxed("def f():\n    return 1\n", [{"kind": "eval", "code": "f()"}], limits=Limits(timeout_s=2.0))
+    finally:
+        sandbox.selectors.DefaultSelector = real_select
+    assert LateSelector.slept
+    assert not run.timed_out and run.done and ("VALUE", 0, "1") in run.records, run

@@ -114,7 +114,12 @@ def test_timeout_is_zero_and_counted():
             return w
         pool._spawn = stub
         assert pool.compare("x", "x", timeout_s=0.3) == "timeout"
-        assert pool.timeouts == 1 and pool._live == 0  # killed and forgotten, slot freed
+        assert pool.timeouts == 1
+        # the killed worker is gone and its successor starts in the background, in the same slot
+        deadline = __import__("time").monotonic() + 30
+        while not pool._idle and __import__("time").monotonic() < deadline:
+            __import__("time").sleep(0.05)
+        assert pool._live == 1 and len(pool._idle) == 1
     finally:
         pool.close()
 
@@ -221,3 +226,65 @@ def test_worker_itself_never_executes_text(tmp_path):
     for payload in (f"__import__('os').system('touch {marker}')", f"exec(\"open('{marker}','w')\")"):
         assert get_pool().compare("0", payload, timeout_s=10) in ("not_equal", "unparsed", "error")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "text, num, den",
+    [("1 1/2", 3, 2), ("-2 3/4", -11, 4), ("1\\frac{1}{2}", 3, 2), ("0.\\overline{3}", 1, 3), ("0.1\\overline{6}", 1, 6),
+     ("two thirds", 2, 3), ("one half", 1, 2), ("half a million", 500000, 1), ("18 thousandths", 9, 500)],
+)
+def test_mixed_numbers_repeating_decimals_and_fraction_words(text, num, den):
+    value = parse_number(text)
+    assert (value.numerator, value.denominator) == (num, den)
+
+
+@pytest.mark.parametrize("text", ["2 3/2", "one thirds", "two third", "1 1/0"])
+def test_malformed_mixed_and_fraction_words_are_not_numbers(text):
+    assert parse_number(text) is None
+
+
+@pytest.mark.parametrize(
+    "text, interval",
+    [("x < 1 or x > 3", "(-\\infty, 1) \\cup (3, \\infty)"), ("2 \\le x < 5", "[2, 5)"), ("5 > x \\geq 2", "[2, 5)"),
+     ("x \\in [0, 1]", "[0, 1]"), ("3 < x", "(3, \\infty)"), ("x < 1 or y > 3", None), ("18", None)],
+)
+def test_inequalities_as_intervals(text, interval):
+    from rlvr.rewards.mathcheck import inequalities_as_intervals
+
+    assert inequalities_as_intervals(text) == interval
+
+
+@pytest.mark.parametrize(
+    "completion, reason",
+    [("Final answer: 18. No wait, that's wrong.", "retracted"), ("\\boxed{18}" * 21, "too_many_boxes"),
+     ("\\boxed{" + "1" * 1200 + "} \\boxed{18}", "answer_too_long"), ("\\boxed{18} then \\boxed{1", "unclosed_box"),
+     ("Answer: 18 factorial", "words"), ("Answer: 2 or 5", "hedged")],
+)
+def test_second_answers_and_value_words_are_rejected_with_a_reason(completion, reason):
+    gold = "(2, 5)" if "2 or 5" in completion else "18"
+    v = check_math(completion, gold)
+    assert (v.correct, v.reason) == (False, reason)
+
+
+def test_units_are_an_allow_list():
+    from rlvr.rewards.mathcheck import numeric_value
+
+    for ok in ("18 cm^2", "18 km per hour", "18 m/s^2", "18 students", "18 square feet", "18cm"):
+        assert numeric_value(ok)[0] == 18, ok
+    for changed in ("18 factorial", "18 tens", "18 squared", "18 zorbs", "18 per"):
+        assert numeric_value(changed)[0] != 18, changed
+
+
+@pytest.mark.parametrize(
+    "gold, pred, same",
+    [
+        ("\\pi", "3.141593", False), ("\\pi", "3.141592653589793238462643383279502884197169399", False),
+        ("\\frac{\\sqrt{3}}{2}", "0.866025", False), ("\\frac{1}{2^{99}}", "\\frac{1}{2^{98}}", False),
+        ("\\frac{1}{2^{99}}", "2^{-99}", True), ("\\sqrt{18}", "3\\sqrt{2}", True),
+        ("0.866", "\\frac{\\sqrt{3}}{2}", True), ("0.866", "\\frac{\\sqrt{2}}{2}", False),  # a decimal gold sets the precision
+        ("\\{1, 2\\}", "(1, 2)", False), ("(1, 2)", "\\{1, 2\\}", False), ("(2, 5)", "2, 5", False),
+        ("(-\\infty, 1) \\cup (3, \\infty)", "x < 1 \\text{ or } x > 3", True), ("[2, 5)", "2 \\le x < 5", True),
+    ],
+)
+def test_values_are_exact_and_sets_are_not_tuples(gold, pred, same):
+    assert equivalent(gold, pred)[0] is same
