@@ -338,10 +338,12 @@ def _in_process_engine() -> Iterator[None]:
 
 
 class VLLMServerEngine:
-    """``vllm serve`` over HTTP. Weights after every optimizer step: ``push="nccl"`` broadcasts them
-    (CUDA) over vLLM's weight-transfer routes, from rank 0 only; ``push="reload"`` exports the policy
-    to ``reload_dir`` every ``reload_every`` steps and has the server reload it from there (any device,
-    the server on the same file system); ``push="none"`` never updates it (a stale sampler).
+    """``vllm serve`` over HTTP. Weights after every optimizer step, by ``push``:
+
+    - ``"nccl"`` (the default on CUDA): broadcast over vLLM's weight-transfer routes, from rank 0 only;
+    - ``"reload"`` (the default on CPU; any device, the server on the same file system): the policy is
+      exported to ``reload_dir`` every ``reload_every`` steps and the server reloads it from there;
+    - ``"none"``: never updated (a stale sampler; the trainer then needs ``allow_stale_sampler``).
 
     Completions go through an ``OpenAICompletionsEngine`` held inside (composition: this engine
     counts its own lag). ``policy_lag`` is the number of optimizer steps the served weights are behind;
@@ -354,7 +356,7 @@ class VLLMServerEngine:
         model,
         tokenizer,
         base_url: str = "http://127.0.0.1:8000",
-        push: str = "nccl",
+        push: str | None = None,
         device: int | str | None = None,
         group_port: int | None = None,
         reload_dir: str | None = None,
@@ -362,8 +364,15 @@ class VLLMServerEngine:
         check_logprobs_mode: bool = True,
         **options,
     ):
+        if push is None:
+            push = "nccl" if torch.cuda.is_available() else "reload"
         if push not in PUSH_METHODS:
             raise ValueError(f"vllm server: unknown push {push!r}; valid choices: {', '.join(PUSH_METHODS)}.")
+        if push == "nccl" and not torch.cuda.is_available():
+            raise ValueError(
+                "vllm server: push='nccl' broadcasts weights over NCCL, which needs CUDA; on CPU use push='reload' "
+                "(the policy exported and reloaded from disk by the server)."
+            )
         if push == "nccl" and _is_peft(model):
             raise ValueError(
                 "vllm server mode: pushing a PEFT (LoRA) policy is not supported yet; use mode='colocate' "
@@ -374,7 +383,9 @@ class VLLMServerEngine:
         self.model, self.tokenizer, self.push = model, tokenizer, push
         self.reload_dir = reload_dir or tempfile.mkdtemp(prefix="rlvr-vllm-reload-")
         self.reload_every = reload_every
-        self.receives_weights = push != "none"
+        # Current at every rollout only when every step lands before the next one samples; otherwise a
+        # (bounded) stale sampler, which the trainer accepts only with rollout.allow_stale_sampler.
+        self.receives_weights = push == "nccl" or (push == "reload" and reload_every == 1)
         self.http = OpenAICompletionsEngine(model, tokenizer, base_url=base_url, **options)
         self.policy_version = 0
         self.served_version = 0

@@ -4,7 +4,7 @@ vLLM is not installed. It copies vLLM 0.32's behaviour where rlvr depends on it 
 ``seed + j``; generation ends at ``stop_token_ids``; a constructor starts a one-rank torch.distributed
 group like vLLM's worker does. Tokens are drawn uniformly from the stream's own generator, so two
 completions are identical exactly when their seeds are. What it cannot show (the real kernels,
-log-prob values, weight loading) is tested against real vLLM in tests/vllm."""
+log-prob values, weight loading) is tested against real vLLM in tests/vllm_cpu."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The vLLM engines' own logic, against a stand-in for vLLM (tests/rollout/fake_vllm.py) so it runs in
 the normal CPU suite: model sources, greedy requests, parameter checks before waking, finish reasons,
 EOS ids, seeds, keyword options, LoRA folders, teardown, the server's log-prob mode and rank-0 pushes.
-The real engine is tested in tests/vllm (the vLLM CPU lane)."""
+The real engine is tested in tests/vllm_cpu (the vLLM CPU lane)."""
 
 from __future__ import annotations
 
@@ -252,6 +252,7 @@ def test_server_push_from_rank_zero_only(monkeypatch, llama_and_tok, rank):
     monkeypatch.setitem(sys.modules, "trl.generation.vllm_client", mod)
     fake_vllm.install(monkeypatch)
     barriers = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # NCCL pushes need CUDA
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_rank", lambda: rank)
     monkeypatch.setattr(dist, "barrier", lambda: barriers.append(1))
@@ -275,8 +276,18 @@ def test_server_reload_counts_the_lag(monkeypatch, llama_and_tok, tmp_path):
     for _ in range(4):
         engine.load_weights(model.named_parameters())
         lags.append(engine.policy_lag)
-    assert lags == [1, 0, 1, 0]
+    assert lags == [1, 0, 1, 0] and not engine.receives_weights  # stale in between: the trainer must accept it
     reloads = [p for path, p in http.posts if path == "/collective_rpc"]
     assert len(reloads) == 2 and reloads[0]["method"] == "reload_weights"
     path = reloads[-1]["kwargs"]["weights_path"]
     assert os.path.exists(os.path.join(path, "model.safetensors")) and os.listdir(tmp_path) == [os.path.basename(path)]
+
+
+def test_server_nccl_push_needs_cuda(monkeypatch, llama_and_tok):
+    model, tok = llama_and_tok
+    FakeHTTP(0.0).install(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="push='reload'"):
+        make_engine("vllm-server", model, tok, push="nccl")
+    engine = make_engine("vllm-server", model, tok)  # the CPU default reloads from disk
+    assert engine.push == "reload" and engine.receives_weights
