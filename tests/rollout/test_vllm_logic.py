@@ -291,3 +291,23 @@ def test_server_nccl_push_needs_cuda(monkeypatch, llama_and_tok):
         make_engine("vllm-server", model, tok, push="nccl")
     engine = make_engine("vllm-server", model, tok)  # the CPU default reloads from disk
     assert engine.push == "reload" and engine.receives_weights
+
+
+def test_gsm8k_config_gets_to_the_model_download(monkeypatch, tmp_path):
+    """The shipped GSM8K config validates, its hub id is a model source vLLM takes, and setup goes as far as
+    fetching the model; offline, that is one line naming HF_HUB_OFFLINE and the fix."""
+    import huggingface_hub.constants
+
+    import rlvr.train as train_mod
+    from rlvr.config import load_config
+
+    config = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "gsm8k_qwen2.5_0.5b.yaml")
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text('{"question": "What is 2+3?", "answer": "2+3=5\\n#### 5"}\n')
+    cfg = load_config(config, [f"data.path={data}", f"data.eval_path={data}", f"log.output_dir={tmp_path / 'run'}"])
+    assert cfg.rollout.backend == "vllm" and rv.model_source(types.SimpleNamespace(), cfg.model.path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import time
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache: the model is not there
+    with pytest.raises(OSError, match=r"HF_HUB_OFFLINE=1 forbids downloading it .*hf download Qwen/Qwen2\.5-0\.5B"):
+        train_mod.setup(cfg)
