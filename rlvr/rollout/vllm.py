@@ -111,7 +111,7 @@ def completion_from_output(
     logprobs = [step[token].logprob for step, token in zip(out.logprobs, ids)] if out.logprobs else None
     ids, logprobs, hit_eos = cut_at_eos(ids, logprobs, eos)
     c = make_completion(index, ids, logprobs, hit_eos, tokenizer, sampling.stop, extra=extra)
-    if out.finish_reason not in (None, "stop", "length"):
+    if out.finish_reason in ("abort", "error"):
         c.finish_reason = out.finish_reason
     return c
 
