@@ -256,7 +256,8 @@ class VLLMColocateEngine:
                 stop=list(sampling.stop) or None,
                 # Every EOS id ends a completion in vLLM too (it only knows the tokenizer's and
                 # generation_config's); without this it decodes past them and the cut is wasted work.
-                stop_token_ids=list(self.eos_ids),
+                # vLLM refuses ids outside the tokenizer's vocabulary (no tokenizer can emit them).
+                stop_token_ids=[i for i in self.eos_ids if i < len(self.tokenizer)],
                 seed=seed,
                 logprobs=0,  # the sampled token's log-prob only
                 include_stop_str_in_output=True,

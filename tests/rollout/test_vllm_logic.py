@@ -114,6 +114,14 @@ def test_every_eos_id_is_a_stop_token(fake, saved, prompts):
     engine.close()
 
 
+def test_eos_ids_outside_the_vocabulary_are_not_sent(fake, saved, prompts):
+    _, tok, _ = saved
+    engine = colocate(saved, eos_token_ids=[3, len(tok) + 5])  # vLLM refuses out-of-vocab stop ids
+    _, params = engine._params(prompts, 2, SamplingParams(max_tokens=4, seed=0))
+    assert {tuple(p.stop_token_ids) for p in params} == {(3,)}
+    engine.close()
+
+
 def test_user_options_override_defaults_and_engine_owned_ones_are_refused(fake, saved):
     engine = colocate(saved, enforce_eager=True, max_model_len=64, seed=3, distributed_executor_backend="mp")
     kwargs = fake.instances[0].kwargs
