@@ -324,6 +324,7 @@ def vllm_options(model, tok, args, max_len: int) -> dict:
     """The colocated vLLM engine over a saved copy of the benchmark's weights (vLLM loads a folder)."""
     import tempfile
 
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # its INFO lines would go to stdout, into the JSON
     folder = tempfile.mkdtemp(prefix="rlvr-bench-vllm-")
     model.save_pretrained(folder)
     tok.save_pretrained(folder)

@@ -184,7 +184,7 @@ class VLLMColocateEngine:
             defaults["distributed_executor_backend"] = "external_launcher"
         from vllm import LLM
 
-        with _in_process_engine():
+        with _in_process_engine(), _keep_rng_state():
             self.llm = LLM(**_split_llm_kwargs(defaults, llm_kwargs))
         # Level 2 discards the weights (they are re-pushed from the live policy before the next
         # rollout, as TRL does); a LoRA policy needs level 1, which keeps the base weights in CPU RAM.
@@ -320,6 +320,26 @@ class VLLMColocateEngine:
             torch.cuda.empty_cache()
         if self._lora_dir:
             shutil.rmtree(self._lora_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _keep_rng_state() -> Iterator[None]:
+    """An in-process vLLM seeds the process-global RNGs (Python, NumPy, torch) with its own ``seed`` while
+    it starts; the trainer's streams (dropout, shuffling) must stay the ones ``train.seed`` set."""
+    import random
+
+    import numpy as np
+
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 @contextlib.contextmanager

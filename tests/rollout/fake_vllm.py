@@ -1,8 +1,8 @@
 """A stand-in for the few vLLM pieces rlvr.rollout.vllm calls, for the logic tests that must run where
 vLLM is not installed. It copies vLLM 0.32's behaviour where rlvr depends on it (read from its source):
 ``SamplingParams`` refuses ``n > 1`` with greedy sampling; child ``j`` of a prompt is seeded
-``seed + j``; generation ends at ``stop_token_ids``; a constructor starts a one-rank torch.distributed
-group like vLLM's worker does. Tokens are drawn uniformly from the stream's own generator, so two
+``seed + j``; generation ends at ``stop_token_ids``; a constructor seeds the global RNGs and starts a
+one-rank torch.distributed group like vLLM's in-process worker does. Tokens are drawn uniformly from the stream's own generator, so two
 completions are identical exactly when their seeds are. What it cannot show (the real kernels,
 log-prob values, weight loading) is tested against real vLLM in tests/vllm_cpu."""
 
@@ -14,6 +14,7 @@ import sys
 import types
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 
 
@@ -72,6 +73,8 @@ class LLM:
     def __init__(self, **kwargs):
         self.kwargs = kwargs
         self.calls: list = []
+        torch.manual_seed(kwargs.get("seed", 0))  # as vLLM's in-process worker does (set_random_seed)
+        random.seed(kwargs.get("seed", 0))
         if not dist.is_initialized():  # vLLM's worker starts a one-rank group (its own free port)
             dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
         LLM.instances.append(self)

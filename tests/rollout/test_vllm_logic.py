@@ -146,6 +146,19 @@ def test_no_fixed_port_and_no_environment_left_behind(fake, saved):
             s.bind(("127.0.0.1", port))
 
 
+def test_the_trainers_random_streams_survive_the_engine_start(fake, saved):
+    import random
+
+    torch.manual_seed(1234)
+    random.seed(1234)
+    expected = (torch.rand(3).tolist(), random.random())
+    torch.manual_seed(1234)
+    random.seed(1234)
+    engine = colocate(saved)  # vLLM seeds the global RNGs with its own seed while it starts
+    assert (torch.rand(3).tolist(), random.random()) == expected
+    engine.close()
+
+
 def test_close_releases_vllm_and_its_process_group(fake, saved, prompts):
     assert not dist.is_initialized()
     engine = colocate(saved)
