@@ -402,7 +402,8 @@ class VLLMServerEngine:
         if reload_every < 1:
             raise ValueError(f"vllm server: reload_every must be >= 1, got {reload_every}.")
         self.model, self.tokenizer, self.push = model, tokenizer, push
-        self.reload_dir = reload_dir or tempfile.mkdtemp(prefix="rlvr-vllm-reload-")
+        self._own_reload_dir = push == "reload" and not reload_dir  # a temporary folder: deleted by close()
+        self.reload_dir = reload_dir or (tempfile.mkdtemp(prefix="rlvr-vllm-reload-") if push == "reload" else None)
         self.reload_every = reload_every
         # Current at every rollout only when every step lands before the next one samples; otherwise a
         # (bounded) stale sampler, which the trainer accepts only with rollout.allow_stale_sampler.
@@ -472,6 +473,8 @@ class VLLMServerEngine:
         if self.client is not None:
             self.client.close_communicator()
             self.client = None
+        if self._own_reload_dir:
+            shutil.rmtree(self.reload_dir, ignore_errors=True)
 
 
 def free_port() -> int:

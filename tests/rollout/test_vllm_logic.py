@@ -312,6 +312,8 @@ def test_server_nccl_push_needs_cuda(monkeypatch, llama_and_tok):
         make_engine("vllm-server", model, tok, push="nccl")
     engine = make_engine("vllm-server", model, tok)  # the CPU default reloads from disk
     assert engine.push == "reload" and engine.receives_weights
+    engine.close()
+    assert not os.path.exists(engine.reload_dir)  # its own temporary export folder is deleted
 
 
 def test_gsm8k_config_gets_to_the_model_download(monkeypatch, tmp_path):
