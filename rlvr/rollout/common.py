@@ -1,11 +1,18 @@
 """Pieces every backend shares: EOS resolution, stop strings, the sampling kernel, seeds.
 
-Log-prob contract (docs/algorithms.md): a completion's ``logprobs`` are
-``log_softmax(logits / T)`` of the *unfiltered* distribution at the sampled token — exactly what the
-trainer recomputes — even when top-k / top-p / min-p / repetition penalty shaped the distribution the
-token was actually drawn from. The gap between the two is real off-policy-ness; the trainer measures
-it (rlvr.rollout.mismatch) rather than having the sampler hide it. ``temperature == 0`` means greedy
-decoding; its log-probs are reported at T = 1 (``log_softmax(logits)``), the only finite choice.
+Log-prob contract (docs/rollout.md): a completion's ``logprobs`` are the log-probs of the sampled tokens
+under the distribution they were **actually drawn from**: ``log_softmax`` of the logits after the
+repetition penalty, temperature and the top-k / top-p / min-p filters, in the engine's own order
+(vLLM's ``processed_logprobs``). The trainer's importance correction divides the live policy's
+probability by the behaviour policy's, and the behaviour policy is the filtered one: reporting the
+unfiltered ``log_softmax(logits / T)`` instead would hide exactly the off-policy gap the filters
+create (the mismatch metrics would read zero while the samples come from a different distribution).
+Without filters or penalty (the GRPO default) the two are the same number. ``temperature == 0`` means
+greedy decoding, whose sampling distribution is a point mass; its log-probs are reported at T = 1
+before any penalty or filter (``log_softmax(logits)``), which is what the trainer recomputes.
+
+Seeds: a request's ``seed`` owns the noise streams ``stream_seed(seed, 0 .. N-1)``, one per
+completion, so no two completions of a run share a stream (see ``stream_seed``).
 """
 
 from __future__ import annotations
@@ -210,6 +217,32 @@ def policy_eval(model: torch.nn.Module) -> Iterator[None]:
             model.train(True)
 
 
+#: Noise streams one request may own: request seed ``s`` owns the seeds ``[s·2^20, (s+1)·2^20)``.
+SEED_STRIDE = 1 << 20
+_SEED_BLOCKS = 1 << 43  # 2^43 blocks of 2^20 seeds: every stream seed fits in a signed 64-bit int
+
+
+def stream_seed(seed: int, index: int) -> int:
+    """The seed of noise stream ``index`` (completion ``index`` of the request, prompt-major) of a request
+    seeded ``seed``: ``(seed mod 2^43) · 2^20 + index``.
+
+    Engines that seed one stream per completion or per prompt (vLLM gives child ``j`` of a prompt the
+    seed ``prompt_seed + j``; a server takes one seed per request) use this so that completions never
+    share a stream: within a request the indexes differ, and consecutive request seeds (the trainer's
+    ``base + generation``) own disjoint blocks. Handing every prompt the request seed instead gives
+    child ``j`` of every prompt the same noise, and request ``s + 1`` the streams of request ``s``
+    shifted by one: correlated samples. Engines that draw a whole request from one seeded generator
+    (``hf``, ``native``) need no spacing. A request may hold up to 2^20 completions; servers that
+    keep 32 bits of a seed (llama.cpp) see the streams recur every 4,096 request seeds.
+    """
+    if not 0 <= index < SEED_STRIDE:
+        raise ValueError(
+            f"a request holds at most {SEED_STRIDE} completions (one noise stream each), got index {index}; "
+            "split the request into smaller batches."
+        )
+    return (int(seed) % _SEED_BLOCKS) * SEED_STRIDE + index
+
+
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
     if seed is None:
         return None
@@ -222,7 +255,8 @@ class TokenSampler:
     """The per-step sampling kernel for the native engine, specialised once per request so the
     default GRPO case (T > 0, no filters, no penalty) costs three kernels: log_softmax, multinomial,
     gather. Filters follow transformers' order (repetition penalty, temperature, top-k, top-p,
-    min-p) so greedy and filtered decoding reproduce ``generate`` token for token.
+    min-p) so greedy and filtered decoding reproduce ``generate`` token for token. Reported log-probs
+    are those of the distribution sampled from (the module's contract): filtered when filters are on.
     """
 
     def __init__(
@@ -247,7 +281,8 @@ class TokenSampler:
     def __call__(
         self, logits_MV: torch.Tensor, seen_MV: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns ``(token_M, logp_M)``: the sampled token and its log-prob under log_softmax(logits/T)."""
+        """Returns ``(token_M, logp_M)``: the sampled token and its log-prob under the distribution it was
+        drawn from (log_softmax(logits / T), after the penalty and filters when there are any)."""
         logits_MV = logits_MV.float()
         logp_MV = torch.log_softmax(
             logits_MV * self.inv_temperature
@@ -273,9 +308,8 @@ class TokenSampler:
                     scores_MV, seen_MV, self.sampling.repetition_penalty
                 )
             scores_MV = filter_logits(scores_MV * self.inv_temperature, self.sampling)
-            token_M = sample_categorical(
-                torch.softmax(scores_MV, dim=-1), self.generator
-            )
+            logp_MV = torch.log_softmax(scores_MV, dim=-1)
+            token_M = sample_categorical(logp_MV.exp(), self.generator)
         return token_M, logp_MV.gather(1, token_M[:, None]).squeeze(1)
 
 

@@ -91,7 +91,10 @@ class HFEngine:
             "num_beams": 1,
             "eos_token_id": list(self.eos_ids),
             "pad_token_id": self.pad_id,
-            "output_logits": True,  # raw logits: the log-prob contract is on the unfiltered distribution
+            # Sampling reports the distribution drawn from: generate's processed scores (penalty,
+            # temperature, filters applied; removed tokens -inf). Greedy reports raw logits at T = 1.
+            "output_scores": not greedy,
+            "output_logits": greedy,
             "return_dict_in_generate": True,
             "use_cache": True,
         }
@@ -110,10 +113,8 @@ class HFEngine:
                 input_ids=ids_BP, attention_mask=mask_BP, **kwargs
             )
         tokens_NC = out.sequences[:, P:]
-        # log_softmax(logits / T) at the sampled token; greedy reports T = 1 (rlvr.rollout.common).
-        logits_NCV = torch.stack(out.logits, dim=1).float()
-        if not greedy:
-            logits_NCV = logits_NCV / sampling.temperature
+        # The sampling distribution's log-prob of the sampled token; greedy: T = 1 (rlvr.rollout.common).
+        logits_NCV = torch.stack(out.logits if greedy else out.scores, dim=1).float()
         logp_NC = (
             torch.log_softmax(logits_NCV, dim=-1)
             .gather(2, tokens_NC[:, :, None])

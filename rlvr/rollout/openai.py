@@ -33,11 +33,17 @@ string (a token-id list fails validation), it ignores ``n`` (one choice per requ
 repetition penalty is ``repeat_penalty`` (default 1.1) and its ``min_p`` / ``top_k`` default to 0.05 /
 40 (``top_k=0`` disables). So the prompt ids are decoded with special tokens kept and re-tokenized by
 the server (checked: ``usage.prompt_tokens`` must equal the prompt's length, else an error), ``n``
-requests are sent per prompt with seeds ``seed, seed+1, ...``, and every filter is sent explicitly.
+requests are sent per prompt with seeds ``s, s+1, ...`` (``s`` the prompt's stream seed, below), and every
+filter is sent explicitly.
 It returns no token ids; they are recovered from the per-token pieces in ``logprobs.tokens`` when
 each piece re-tokenizes to exactly one token (always true for character-level vocabularies). Its
 log-probs are ``log_softmax`` of the raw logits (temperature 1, before any filter), and the EOS token
 that ends a completion is not returned (no id, no log-prob), so such completions end without it.
+
+Seeds: prompt ``i`` of a request seeded ``seed`` is sent ``stream_seed(seed, i·n)`` (rlvr.rollout.common),
+and a server seeds its ``j``-th choice ``+ j`` (vLLM does), so no two completions of a run share a noise
+stream. Greedy requests ask one completion per prompt and repeat it: greedy is deterministic, and vLLM
+refuses ``n > 1`` with it (HTTP 400).
 
 Log-prob semantics depend on the server: vLLM reports raw (pre-temperature) log-probs unless started
 with ``--logprobs-mode processed_logprobs``; llama-cpp-python reports raw log-probs (above);
@@ -47,6 +53,7 @@ llama.cpp's own ``llama-server`` reports post-sampling probabilities. The mismat
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -66,6 +73,7 @@ from rlvr.rollout.common import (
     cut_at_eos,
     make_completion,
     resolve_eos_ids,
+    stream_seed,
     validate_request,
 )
 
@@ -357,9 +365,14 @@ class OpenAICompletionsEngine:
         return [c for group in groups for c in group]
 
     def _one_prompt(self, index: int, prompt: list[int], n: int, sampling: SamplingParams) -> list[Completion]:
-        choices = self.request_dialect.choices(self.client, self.model_name, self.tokenizer, prompt, n, sampling)
-        if len(choices) != n:
-            raise RuntimeError(f"openai engine: asked for n={n} completions, the server returned {len(choices)}.")
+        n_request = 1 if sampling.temperature == 0.0 else n  # greedy: one, repeated (module docstring)
+        if sampling.seed is not None:  # this prompt's own noise streams, index·n + j
+            sampling = dataclasses.replace(sampling, seed=stream_seed(sampling.seed, index * n))
+        choices = self.request_dialect.choices(self.client, self.model_name, self.tokenizer, prompt, n_request,
+                                               sampling)
+        if len(choices) != n_request:
+            raise RuntimeError(
+                f"openai engine: asked for n={n_request} completions, the server returned {len(choices)}.")
         eos = set(self.eos_ids)
         out = []
         for choice in choices:
@@ -371,8 +384,10 @@ class OpenAICompletionsEngine:
             # A server may stop on its own EOS list (e.g. the GGUF's) that we do not know about.
             if not hit_eos and choice.get("finish_reason") == "stop" and len(ids) < sampling.max_tokens:
                 completion.finish_reason = "stop"
+            elif choice.get("finish_reason") in ("abort", "error"):
+                completion.finish_reason = choice["finish_reason"]  # a broken sample, not a long one
             out.append(completion)
-        return out
+        return [dataclasses.replace(c, extra=dict(c.extra)) for c in out for _ in range(n // n_request)]
 
     # -- staleness ------------------------------------------------------------------------------
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

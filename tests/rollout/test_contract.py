@@ -83,6 +83,49 @@ def trainer_logp(
     )
 
 
+def sampled_logp(
+    model, prompt: list[int], completion: list[int], sampling: SamplingParams, order: str
+) -> list[float]:
+    """The contract's log-probs: those of the distribution each token was drawn from, rebuilt from one full
+    forward with transformers' own logits processors (an implementation independent of every engine's).
+    ``order``: "transformers" (penalty, temperature, top-k, top-p, min-p: hf, native) or "vllm" (penalty,
+    temperature, min-p, then top-k and top-p). Greedy: log_softmax(logits), as the trainer at T = 1."""
+    from transformers import (
+        MinPLogitsWarper,
+        RepetitionPenaltyLogitsProcessor,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    if sampling.temperature == 0.0:
+        return trainer_logp(model, prompt, completion, 0.0)
+    procs = {
+        "penalty": RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty)
+        if sampling.repetition_penalty != 1.0 else None,
+        "temperature": TemperatureLogitsWarper(sampling.temperature),
+        "top_k": TopKLogitsWarper(sampling.top_k) if sampling.top_k > 0 else None,
+        "top_p": TopPLogitsWarper(sampling.top_p) if sampling.top_p < 1.0 else None,
+        "min_p": MinPLogitsWarper(sampling.min_p) if sampling.min_p > 0.0 else None,
+    }
+    names = {
+        "transformers": ("penalty", "temperature", "top_k", "top_p", "min_p"),
+        "vllm": ("penalty", "temperature", "min_p", "top_k", "top_p"),
+    }[order]
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    out = []
+    for t, token in enumerate(completion):
+        pos = len(prompt) - 1 + t
+        scores = logits[pos : pos + 1]
+        for name in names:
+            if procs[name] is not None:
+                scores = procs[name](ids[:, : pos + 1], scores)
+        out.append(torch.log_softmax(scores, dim=-1)[0, token].item())
+    return out
+
+
 def greedy_reference(model, tok, prompts, max_tokens, **sampling):
     return make_engine("hf", model, tok).generate(
         prompts, 1, SamplingParams(temperature=0.0, max_tokens=max_tokens, **sampling)
@@ -118,7 +161,7 @@ def test_shapes_grouping_finish_reasons(backend, prompts, llama_and_tok):
     [
         SamplingParams(temperature=1.0, max_tokens=8, seed=3),
         SamplingParams(temperature=0.7, max_tokens=8, seed=4),
-        # Filters shape what is sampled, not what is reported: still the unfiltered log_softmax(l/T).
+        # With filters the reported log-probs are those of the filtered distribution actually sampled.
         SamplingParams(
             temperature=0.7,
             top_k=5,
@@ -132,13 +175,12 @@ def test_shapes_grouping_finish_reasons(backend, prompts, llama_and_tok):
     ],
     ids=["T1", "T0.7", "T0.7-filtered", "greedy"],
 )
-def test_logprobs_equal_trainer_recompute(backend, prompts, llama_and_tok, sampling):
+def test_logprobs_are_the_sampling_distribution(backend, prompts, llama_and_tok, sampling):
     model, _ = llama_and_tok
     out = backend().generate(prompts, 2, sampling)
+    order = "vllm" if backend.name == "vllm" else "transformers"
     for c in out:
-        expected = trainer_logp(
-            model, prompts[c.prompt_index], c.token_ids, sampling.temperature
-        )
+        expected = sampled_logp(model, prompts[c.prompt_index], c.token_ids, sampling, order)
         # float32 end to end; the only differences are summation order (KV cache vs full forward).
         assert c.logprobs == pytest.approx(
             expected, abs=LOGP_TOL.get(backend.name, 2e-4)

@@ -30,11 +30,13 @@ def test_unknown_engine_lists_valid_names(llama_and_tok):
 @pytest.mark.skipif(
     importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here"
 )
-@pytest.mark.parametrize("name", ["vllm", "vllm-server"])
-def test_vllm_without_vllm_names_the_extra(llama_and_tok, name):
+def test_vllm_without_vllm_names_the_extra(llama_and_tok):
     model, tok = llama_and_tok
     with pytest.raises(ImportError, match=r"pip install 'rlvr\[vllm\]'"):
-        make_engine(name, model, tok)
+        make_engine("vllm", model, tok)
+    # Server mode talks HTTP: without vLLM here it only needs the server (NCCL pushes need vLLM and CUDA).
+    with pytest.raises(ConnectionError, match="cannot reach"):
+        make_engine("vllm-server", model, tok, base_url="http://127.0.0.1:9", push="none")
 
 
 def test_unknown_vllm_mode(llama_and_tok):

@@ -72,11 +72,12 @@ def test_request_carries_ids_and_sampling(completions_server, llama_and_tok):
     engine.generate([[6, 10, 65]], 3, sp)
     req = completions_server.requests[-1]
     assert req["prompt"] == [6, 10, 65] and req["n"] == 3 and req["max_tokens"] == 4
+    # The prompt's own stream seed (prompt 0 of a request seeded 3: 3 · 2^20), not the request seed.
     assert (req["temperature"], req["top_k"], req["stop"], req["seed"]) == (
         0.7,
         5,
         ["#"],
-        3,
+        3 * 2**20,
     )
     assert req["logprobs"] == 1 and req["return_token_ids"] is True
 
