@@ -376,6 +376,9 @@ class VLLMServerEngine:
     with ``nccl`` it is always 0."""
 
     samples_live_policy = False
+    #: The default (an NCCL push, or a reload, every step) keeps the server current; an instance set to
+    #: lag (push='none', reload_every > 1) says False, and the trainer then checks allow_stale_sampler.
+    receives_weights = True
     reports_logprobs = True  # processed log-probs, checked at start (check_logprobs_mode)
 
     def __init__(
