@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
+import warnings
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console as RichConsole
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+
+_PACKAGE_DIR = Path(__file__).resolve().parent  # rlvr/: whose warnings the console shows
 
 
 class Console:
@@ -31,6 +36,25 @@ class Console:
         self._warned[key] += 1
         if self._warned[key] <= 3:
             self.rich.print("[bold yellow]warning[/]", msg)
+
+    @contextlib.contextmanager
+    def own_warnings(self) -> Iterator[None]:
+        """While a run lasts, what rlvr's own modules raise with ``warnings.warn`` (checkers and workers,
+        which hold no console) is shown here like the loop's warnings: one channel, deduplicated.
+        Other libraries' warnings keep Python's default display."""
+        original = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - Python's hook
+            if Path(filename).resolve().is_relative_to(_PACKAGE_DIR):
+                self.warn(str(message))
+            else:
+                original(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        try:
+            yield
+        finally:
+            warnings.showwarning = original
 
     def raw(self, msg: str) -> None:
         """A line that is already formatted (diagnostics' warnings), shown in yellow."""

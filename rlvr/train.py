@@ -358,7 +358,7 @@ def train(cfg: Config, console: Console | None = None) -> dict:
     from rlvr.runfolder import claim_run_folder
 
     console = console or Console(enabled=cfg.log.progress and os.environ.get("RANK", "0") == "0")
-    with claim_run_folder(cfg, console, preflight=lambda: preflight(cfg, console)):
+    with claim_run_folder(cfg, console, preflight=lambda: preflight(cfg, console)), console.own_warnings():
         return _train(cfg, console)
 
 

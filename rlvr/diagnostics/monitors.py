@@ -3,7 +3,7 @@
 Each monitor reads the last ``MonitorConfig.window`` summaries (``summarize_step`` outputs, oldest
 first), computes one statistic, compares it with a threshold and, when it fires, says in plain words
 what is happening and what to do. They are tuned to stay quiet on a healthy run; the tests in
-tests/diagnostics/test_monitors.py hold them to that in both directions, and docs/diagnostics.md
+tests/diagnostics/test_diag_monitors.py hold them to that in both directions, and docs/diagnostics.md
 states each statistic, threshold and detection delay.
 
 Trend monitors compare the earlier and the later half of the window, pooling every completion in
@@ -294,7 +294,7 @@ def test_tampering(window: Sequence[Summary], cfg: MonitorConfig) -> MonitorResu
     message = (
         f"test tampering: {rate:.0%} of the {passing} passing programs in the last {len(window)} steps exit early, "
         "override __eq__, import a test framework or inspect the caller. Passing is being faked: keep tests "
-        "outside the sandbox and decide pass in the parent (DESIGN.md §6); read the flagged samples."
+        "outside the sandbox and decide pass in the parent (docs/checkers.md); read the flagged samples."
     )
     return MonitorResult("test_tampering", rate, fired, message if fired else None)
 

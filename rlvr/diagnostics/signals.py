@@ -1,6 +1,6 @@
 """Per-completion signals read from text and verdicts: final-answer tails, numbers, tampering.
 
-Pure functions over one completion. They never execute model text (DESIGN.md §6): everything here
+Pure functions over one completion. They never execute model text (docs/checkers.md): everything here
 is a regular expression over a bounded slice of the string, so a hostile completion costs at most
 linear time in ``TAIL_CHARS`` or in its length.
 """
@@ -51,7 +51,7 @@ def tail_numbers(text: str) -> list[str]:
 
 
 def is_multi_answer(completion: str, verdict: Mapping[str, Any] | None, min_tail_numbers: int) -> bool:
-    """Whether a completion offers several final answers ("answer spraying", DESIGN.md §6).
+    """Whether a completion offers several final answers ("answer spraying", docs/diagnostics.md).
 
     The checker's own count of distinct candidates wins when it reports one (``n_candidates >= 2``);
     otherwise the text is read: ``min_tail_numbers`` or more distinct numbers in the answer tail.

@@ -164,7 +164,7 @@ def summarize_step(
         for name in OUTCOMES:
             out[f"groups/{source}/{name}"] = source_outcomes.count(name) / len(source_outcomes)
 
-    # Correctness comes from the strict grade only (DESIGN: never "total reward > 0"): without one,
+    # Correctness comes from the strict grade only (never "total reward > 0": a format reward would count as a pass): without one,
     # the pass rate and the correct/incorrect split are undefined, not guessed.
     out["groups/pass_rate"] = sum(correct) / n if has_verdicts else None
 

@@ -48,3 +48,22 @@ def test_pass_at_k_estimator_hand_values():
     # n=4 samples, c=1 correct: pass@1 = 1/4; pass@2 = 1 - C(3,2)/C(4,2) = 1 - 3/6 = 0.5; pass@4 = 1.
     assert pass_at_k(4, 1, 1) == 0.25 and pass_at_k(4, 1, 2) == 0.5 and pass_at_k(4, 1, 4) == 1.0
     assert pass_at_k(4, 0, 4) == 0.0
+
+
+def test_warnings_from_rlvr_modules_reach_the_console_once_per_kind(capsys, recwarn):
+    """Checkers hold no console: what they raise with warnings.warn is shown on the run's console (one
+    channel), deduplicated like the loop's own warnings; other libraries' warnings are left alone."""
+    import warnings
+
+    from rlvr.console import Console
+    from rlvr.rewards import sandbox
+
+    console = Console()
+    with console.own_warnings():
+        for _ in range(5):
+            warnings.warn_explicit("code sandbox: isolation fell back", UserWarning, sandbox.__file__, 1)
+        warnings.warn_explicit("someone else's warning", UserWarning, "/elsewhere/lib.py", 1)
+    out = capsys.readouterr()
+    assert out.out.count("code sandbox: isolation fell back") == 3  # at most 3 times per kind
+    assert "someone else's warning" not in out.out
+    assert [str(w.message) for w in recwarn] == ["someone else's warning"]  # handed on to Python's display
