@@ -82,6 +82,9 @@ def eval_cmd(
     temperature: float = typer.Option(1.0, help="Sampling temperature for pass@k."),
     max_tokens: Optional[int] = typer.Option(None, help="Max completion tokens (default: the run's)."),
     backend: str = typer.Option("native", help="Rollout engine."),
+    config: Optional[str] = typer.Option(None, help="A run config (path or configs/ name): its task, prompt "
+                                         "template, chat and rewards, for a model that is not a run folder."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="key=value override of that config (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Greedy accuracy, pass@k at a temperature, mean length and truncation rate."""
@@ -89,7 +92,7 @@ def eval_cmd(
     from rlvr.eval_cli import resolve_eval
 
     try:
-        setup = resolve_eval(model, task, data, reward, n_prompts, max_tokens, backend)
+        setup = resolve_eval(model, task, data, reward, n_prompts, max_tokens, backend, config, list(set_ or []))
     except (ConfigError, ValueError, OSError) as e:
         _fail(str(e))
     out = {"greedy": evaluate(setup.engine, setup.tokenizer, setup.rows, setup.reward_fns,
