@@ -62,8 +62,9 @@ def main() -> None:
         # far below 1 means other processes held the cores.
         "cpu_s": round(cpu, 1), "cpu_share": round(cpu / wall, 2),
         "before": before, "after": after, "gain_points": round(100 * (after - before), 1),
-        "curve": [{"step": m["step"], "accuracy": m["eval/accuracy"], "mean_length": m.get("eval/mean_length")}
-                  for m in evals],
+        # One point per step: the periodic evaluation and the final one coincide at the last step.
+        "curve": list({m["step"]: {"step": m["step"], "accuracy": m["eval/accuracy"],
+                                   "mean_length": m.get("eval/mean_length")} for m in evals}.values()),
         "train_reward": [round(s["reward"], 3) for s in steps if "reward" in s],
         "phase_seconds": timing,
         "completion_tokens": completion_tokens,
