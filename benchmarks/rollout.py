@@ -48,7 +48,7 @@ NEVER_EOS = [10**9]
 # GRPO-shaped request (a prompt of tens of tokens, completions twice as long; GSM8K with a chat
 # template is ~100-200 prompt tokens and a few hundred completion tokens, scaled down for a CPU).
 # --prompt-len / --max-tokens override both; docs/rollout.md reports the other shapes too.
-SHAPES = {"tiny": (0, 16), "llama-3m": (0, 16), "default": (64, 128)}
+SHAPES = {"tiny": (0, 16), "llama-3m": (0, 16), "smollm2": (0, 64), "default": (64, 128)}
 # Benchmark names for engine configurations: "native-torch" is the native engine without its C
 # decode kernel (the PyTorch decoder), to show what each part contributes.
 # "hf-1thread" is transformers.generate on one thread: on a small model its per-op OpenMP fork/join
@@ -75,7 +75,8 @@ def build_model(
     """``tiny``: the shipped tiny model (rlvr/models/tiny-arith) when it is there, else ``llama-3m``.
     ``llama-3m``: a ~3.2M Llama (hidden 256, 4 layers, 4 heads, char vocabulary).
     ``llama-25m``: hidden 512, 8 layers.
-    ``qwen2.5-0.5b``: Qwen2.5-0.5B's architecture with random weights (GPU runs)."""
+    ``qwen2.5-0.5b``: Qwen2.5-0.5B's architecture with random weights (GPU runs).
+    ``smollm2``: the real SmolLM2-135M-Instruct from rlvr's cache, chat-template arithmetic prompts."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from rlvr.models.toy import toy_model
@@ -84,6 +85,16 @@ def build_model(
     llama_defaults = {"pad_token_id": None, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False}
 
     torch.manual_seed(0)
+    if name == "smollm2":  # the real model (`rlvr models get smollm2` first), with its own tokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from rlvr.models.gguf import known_model_dir
+
+        path = known_model_dir("smollm2")
+        model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+        if not keep_eos:
+            model.generation_config.eos_token_id = NEVER_EOS
+        return model.to(device=device, dtype=dtype).eval(), tok, "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized)"
     shipped = _shipped_tiny(keep_eos) if name == "tiny" else None
     if shipped is not None:
         model, tok, source = shipped
@@ -180,7 +191,13 @@ def bench_model(name: str, args) -> dict:
     prompts = []
     for _ in range(args.prompts):
         a, b = torch.randint(10, 99, (2,), generator=rng).tolist()
-        prompts.append(tok.encode(f"{a}+{b}="))
+        if name == "smollm2":  # a GRPO request as configs/smollm2_arith.yaml makes it: the chat template
+            from rlvr.prompts import encode_prompts
+
+            q = f"What is {a % 10} * {b % 10}? Put the final answer in \\boxed{{}}."
+            prompts += encode_prompts(tok, [[{"role": "user", "content": q}]])
+        else:
+            prompts.append(tok.encode(f"{a}+{b}="))
     prompt_len, max_tokens = SHAPES.get(name, SHAPES["default"])
     prompt_len = prompt_len if args.prompt_len is None else args.prompt_len
     max_tokens = max_tokens if args.max_tokens is None else args.max_tokens

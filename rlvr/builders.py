@@ -25,7 +25,9 @@ def resolve_model_path(path: str) -> str:
         from rlvr.models import tiny_model_path
 
         return str(tiny_model_path())
-    return path
+    from rlvr.models.gguf import resolve_gguf
+
+    return resolve_gguf(path) or path  # a .gguf file or a fetched model's name -> its converted folder
 
 
 def _cannot_load(what: str, path: str, err: Exception) -> OSError:

