@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from rlvr import core, distributed
+from rlvr import core, distributed, policy_logprobs
 from rlvr.batch import PackedBatch, Rollouts, batch_metrics, completion_records, pack
 from rlvr.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlvr.components import (MetricLogger, PhaseTimer, build_optimizer, build_scheduler, load_model,
@@ -126,15 +126,10 @@ def advantage(run: Run, batch: Rollouts) -> torch.Tensor:
 def completion_logprobs(run: Run, model: torch.nn.Module, mb: PackedBatch,
                         with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward over [prompt | completion]; log-probs (and entropy) of the completion tokens from
-    temperature-scaled logits, as the sampler drew them. Only the last T+1 positions get logits."""
-    T = mb.num_completion_tokens
-    out = model(input_ids=mb.input_ids_NL, attention_mask=mb.attention_mask_NL, position_ids=mb.position_ids_NL,
-                use_cache=False, logits_to_keep=T + 1)
-    logits_NTV = out.logits[:, :-1, :]  # position t predicts token t+1
+    temperature-scaled logits, as the sampler drew them, a chunk of tokens at a time (never [N, T, V])."""
     temp = run.cfg.rollout.temperature or 1.0  # greedy sampling: log-probs of the plain distribution
-    logp_NT = core.token_logprobs(logits_NTV, mb.completion_ids_NT, temperature=temp)
-    ent_NT = core.entropy_from_logits(logits_NTV.detach(), temperature=temp) if with_entropy else None
-    return logp_NT, ent_NT
+    return policy_logprobs.completion_logprobs(model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL,
+                                               mb.completion_ids_NT, temp, with_entropy=with_entropy)
 
 
 def micro_batches(n: int, size: int) -> list[slice]:
