@@ -216,6 +216,11 @@ class TrainConfig(_Section):
         "gain little from more threads, and a busy machine makes extra threads spin: 1 is often fastest."
     )
 
+    memory_check: Literal["refuse", "warn", "off"] = Field(
+        "refuse", description="Before loading the model, estimate the run's peak memory (`rlvr plan`) and refuse "
+        "to start when it exceeds the device's free memory ('warn': print the plan and start anyway)."
+    )
+
     @property
     def spg(self) -> int:
         return self.steps_per_generation or self.gradient_accumulation_steps

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from rlvr import core, distributed, policy_logprobs
+from rlvr import core, distributed, memory, policy_logprobs
 from rlvr.batch import PackedBatch, Rollouts, batch_metrics, completion_records, pack
 from rlvr.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlvr.components import (MetricLogger, PhaseTimer, build_optimizer, build_scheduler, load_model,
@@ -65,7 +65,7 @@ class Run:
     groups: GroupFilter
     logger: MetricLogger | None  # rank 0 only
     console: Console
-    timer: PhaseTimer = field(default_factory=PhaseTimer)
+    timer: PhaseTimer = field(default_factory=memory.PhaseMeter)  # timing/<phase>, memory/peak_<phase>
     step: int = 0  # optimizer steps taken
     generation: int = 0  # generation batches sampled (seeds sampling: resumable)
     engine_version: int = 0  # optimizer step whose weights the engine holds (stale samplers lag)
@@ -277,6 +277,7 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
         torch.set_num_threads(cfg.train.num_threads)
     random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
+    memory.check_fits(cfg, device)  # refuse up front, with the plan, rather than die of OOM mid-step
     tokenizer = load_tokenizer(cfg.model.path)
     model = load_model(cfg, device)
     # beta = 0 loads no reference model (TRL default); with LoRA the base model is the reference.
