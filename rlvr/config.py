@@ -216,9 +216,15 @@ class TrainConfig(_Section):
         "gain little from more threads, and a busy machine makes extra threads spin: 1 is often fastest."
     )
 
-    memory_check: Literal["refuse", "warn", "off"] = Field(
+    optim: Literal["adamw_torch", "adamw_torch_8bit"] = Field(
+        "adamw_torch", description="Optimizer (transformers' names). adamw_torch_8bit: AdamW with block-wise 8-bit "
+        "moments from torchao (`pip install torchao`), a quarter of bf16 state; its step is torch.compile'd once "
+        "per parameter shape (minutes on a small CPU) and the quantised moments change the trajectory slightly."
+    )
+    memory_check: Literal["refuse", "warn", "skip"] = Field(
         "refuse", description="Before loading the model, estimate the run's peak memory (`rlvr plan`) and refuse "
-        "to start when it exceeds the device's free memory ('warn': print the plan and start anyway)."
+        "to start when it exceeds the device's free memory ('warn': print the plan and start anyway; "
+        "'skip': no estimate)."
     )
 
     @property

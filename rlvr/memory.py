@@ -188,7 +188,10 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
         resident["adapter"] = adapter * 4
     if cfg.algo.beta > 0 and not lora.enabled:
         resident["reference model"] = params * b
-    resident["optimizer state (AdamW m, v)"] = 2 * trainable * tb
+    if t.optim == "adamw_torch_8bit":  # torchao: 1 byte per moment plus one float32 scale per 256-block
+        resident["optimizer state (8-bit AdamW m, v)"] = int(2 * trainable * (1 + 4 / 256))
+    else:
+        resident["optimizer state (AdamW m, v)"] = 2 * trainable * tb
 
     chunk_rows = max(1, (1 << 25) // V)
     head_buffers = 3 * min(chunk_rows, mb * (r.max_completion_length + 1)) * V * 4
@@ -251,67 +254,71 @@ def format_plan(plan: Plan, free: int | None = None, free_what: str = "") -> str
     return "\n".join(lines)
 
 
-# Knobs tried, in order of their cost to the result (none changes the objective's gradient in expectation).
-_KNOBS: list[tuple[str, str]] = [
-    ("model.gradient_checkpointing=true", "~30% more update compute"),
-    ("micro-batches of half the size (train.per_device_train_batch_size / 2, gradient_accumulation_steps x 2, "
-     "steps_per_generation x 2)", "more, smaller forward passes"),
-    ("model.dtype=bfloat16", "bf16 weights, gradients and Adam state"),
-    ("model.lora.enabled=true", "trains an adapter, not the weights: a different (smaller) update"),
-]
-
-
-def _apply(cfg: Config, knob: str) -> Config | None:
+def _with(cfg: Config, changes: dict[str, object]) -> Config | None:
+    """cfg with dotted keys changed, or None when that config is not valid."""
     d = cfg.model_dump()
-    if knob.startswith("model.gradient_checkpointing"):
-        if cfg.model.gradient_checkpointing:
-            return None
-        d["model"]["gradient_checkpointing"] = True
-    elif knob.startswith("micro-batches"):
-        t = cfg.train
-        if t.per_device_train_batch_size % 2 or t.per_device_train_batch_size // 2 < 1:
-            return None
-        d["train"].update(per_device_train_batch_size=t.per_device_train_batch_size // 2,
-                          gradient_accumulation_steps=t.gradient_accumulation_steps * 2, steps_per_generation=t.spg * 2)
-    elif knob.startswith("model.dtype"):
-        if cfg.model.dtype != "float32":
-            return None
-        d["model"]["dtype"] = "bfloat16"
-    elif knob.startswith("model.lora"):
-        if cfg.model.lora.enabled:
-            return None
-        d["model"]["lora"]["enabled"] = True
+    for key, value in changes.items():
+        node = d
+        *head, last = key.split(".")
+        for part in head:
+            node = node[part]
+        node[last] = value
     try:
         return Config.model_validate(d)
     except ValueError:
         return None
 
 
+def _half_micro_batch(cfg: Config) -> dict[str, object] | None:
+    t = cfg.train
+    if t.per_device_train_batch_size < 2 or t.per_device_train_batch_size % 2:
+        return None
+    return {"train.per_device_train_batch_size": t.per_device_train_batch_size // 2,
+            "train.gradient_accumulation_steps": t.gradient_accumulation_steps * 2,
+            "train.steps_per_generation": t.spg * 2}
+
+
+# Knobs tried in this order (cheapest in effect on the result first): name, cost, the change or None.
+_KNOBS = [
+    ("gradient checkpointing", "~30% more update compute, same result",
+     lambda c: None if c.model.gradient_checkpointing else {"model.gradient_checkpointing": True}),
+    ("smaller micro-batches", "more, smaller passes; same gradient per optimizer step", _half_micro_batch),
+    ("bfloat16 weights", "bf16 weights, gradients and Adam state",
+     lambda c: {"model.dtype": "bfloat16"} if c.model.dtype == "float32" else None),
+    ("8-bit Adam state (torchao)", "~1/4 of the optimizer state; compiles once per parameter shape",
+     lambda c: None if c.model.lora.enabled or c.train.optim != "adamw_torch" else {"train.optim": "adamw_torch_8bit"}),
+    ("LoRA", "trains an adapter, not the weights: a different (smaller) update",
+     lambda c: None if c.model.lora.enabled else {"model.lora.enabled": True}),
+]
+
+
 def knobs_to_fit(cfg: Config, shape: ModelShape, device: str, free: int, prompt_tokens: int | None = None
                  ) -> list[str]:
-    """Knobs applied cumulatively in the order above until the estimate fits: each line says the knob, its cost,
-    and the estimated peak once it (and the ones before it) are set."""
+    """Knobs applied cumulatively in the order above, as long as each lowers the estimate, until it fits:
+    one line per knob with its settings, its cost and the estimated peak once it (and those before) are set."""
     out, cur = [], cfg
-    for knob, cost in _KNOBS:
-        for _ in range(4 if knob.startswith("micro") else 1):
-            nxt = _apply(cur, knob)
-            if nxt is None:
+    peak = estimate(cur, shape, device, prompt_tokens).peak
+    for name, cost, change_of in _KNOBS:
+        changes: dict[str, object] = {}
+        while peak > free and (change := change_of(cur)) is not None:
+            nxt = _with(cur, change)
+            nxt_peak = estimate(nxt, shape, device, prompt_tokens).peak if nxt is not None else peak
+            if nxt_peak > 0.98 * peak:  # a step that saves under 2% is not worth its cost
                 break
-            before = estimate(cur, shape, device, prompt_tokens).peak
-            after = estimate(nxt, shape, device, prompt_tokens).peak
-            if after >= before:
-                break
-            cur = nxt
-            out.append(f"{knob}  ({cost}): estimated peak {after / GIB:.2f} GiB")
-            if after <= free:
-                return out
-    out.append("(still over: a smaller model, shorter completions or fewer completions per generation batch)")
+            cur, peak = nxt, nxt_peak
+            changes.update(change)
+        if changes:
+            settings = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in changes.items())
+            out.append(f"{settings}  ({name}: {cost}) -> estimated peak {peak / GIB:.2f} GiB")
+        if peak <= free:
+            return out
+    out.append("still over: a smaller model, shorter completions or fewer completions per generation batch")
     return out
 
 
 def check_fits(cfg: Config, device: torch.device, prompt_tokens: int | None = None) -> None:
     """Raise MemoryError with the plan and the knobs that would fit when the estimate exceeds free memory."""
-    if cfg.train.memory_check == "off":
+    if cfg.train.memory_check == "skip":
         return
     shape = model_shape(cfg.model.path, cfg.model.trust_remote_code)
     kind = "cuda" if device.type == "cuda" else "cpu"
@@ -322,7 +329,7 @@ def check_fits(cfg: Config, device: torch.device, prompt_tokens: int | None = No
     msg = (f"the memory plan estimates a peak of {plan.peak / GIB:.2f} GiB, over the {free / GIB:.2f} GiB of "
            f"{what}.\n{format_plan(plan, free, what)}\nknobs that would make it fit:\n  "
            + "\n  ".join(knobs_to_fit(cfg, shape, kind, free, prompt_tokens))
-           + "\nSet train.memory_check=warn to run anyway (or off to skip the check).")
+           + "\nSet train.memory_check=warn to run anyway (or skip to not check).")
     if cfg.train.memory_check == "warn":
         print(f"[rlvr] warning: {msg}", file=sys.stderr)
         return

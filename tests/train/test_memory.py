@@ -92,3 +92,31 @@ def test_plan_command_prints_the_table(tmp_path):
     assert "peak of update" in res.output and "fits" in res.output
     res = CliRunner().invoke(app, ["plan", f"model.path={tmp_path}", "--memory-gib", "0.001"])
     assert res.exit_code == 1 and "DOES NOT FIT" in res.output
+
+
+def test_eight_bit_adam_is_opt_in_and_planned_at_a_quarter():
+    from rlvr.components import build_optimizer
+
+    shape = ModelShape.from_hf_config(_qwen3_config())
+    base = load_config(None, ["model.dtype=bfloat16"])
+    low = load_config(None, ["model.dtype=bfloat16", "train.optim=adamw_torch_8bit"])
+    assert base.train.optim == "adamw_torch"
+    bf16_state = estimate(base, shape).resident["optimizer state (AdamW m, v)"]
+    q_state = estimate(low, shape).resident["optimizer state (8-bit AdamW m, v)"]
+    assert bf16_state == 4 * shape.num_params and q_state == int(2 * shape.num_params * (1 + 4 / 256))
+    pytest.importorskip("torchao")
+    opt = build_optimizer(low, torch.nn.Linear(64, 64))
+    assert type(opt).__name__ == "AdamW8bit" and opt.defaults["lr"] == low.train.learning_rate
+
+
+def test_knobs_are_concrete_settings_in_order():
+    shape = ModelShape.from_hf_config(_qwen3_config())
+    cfg = load_config(None, ["model.dtype=float32", "algo.beta=0.04", "train.per_device_train_batch_size=256",
+                             "rollout.max_completion_length=512"])
+    lines = memory.knobs_to_fit(cfg, shape, "cpu", free=1)  # nothing fits in one byte: every knob is listed
+    assert lines[0].startswith("model.gradient_checkpointing=true")
+    assert lines[1].startswith("train.per_device_train_batch_size=")
+    assert any(ln.startswith("model.dtype=bfloat16") for ln in lines)
+    assert lines[-1].startswith("still over")
+    peaks = [float(ln.rsplit("estimated peak", 1)[1].split()[0]) for ln in lines[:-1]]
+    assert peaks == sorted(peaks, reverse=True)
