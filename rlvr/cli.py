@@ -82,7 +82,8 @@ def plan_cmd(
     typer.echo(f"{cfg.model.path}: {shape.num_params / 1e9:.3f}B parameters")
     typer.echo(format_plan(plan, free, what))
     if plan.peak > free:
-        typer.echo("knobs that would make it fit:\n  " + "\n  ".join(knobs_to_fit(cfg, shape, kind, free, prompt_tokens)))
+        knobs = knobs_to_fit(cfg, shape, kind, free, prompt_tokens)
+        typer.echo("knobs that would make it fit:\n  " + "\n  ".join(knobs))
         raise typer.Exit(1)
 
 

@@ -218,8 +218,9 @@ class TrainConfig(_Section):
 
     optim: Literal["adamw_torch", "adamw_torch_8bit"] = Field(
         "adamw_torch", description="Optimizer (transformers' names). adamw_torch_8bit: AdamW with block-wise 8-bit "
-        "moments from torchao (`pip install torchao`), a quarter of bf16 state; its step is torch.compile'd once "
-        "per parameter shape (minutes on a small CPU) and the quantised moments change the trajectory slightly."
+        "moments from torchao (`pip install torchao`): half the state of bf16 AdamW, a quarter of fp32; its step "
+        "is torch.compile'd once per parameter shape (minutes on a small CPU) and the quantised moments change "
+        "the trajectory slightly."
     )
     memory_check: Literal["refuse", "warn", "skip"] = Field(
         "refuse", description="Before loading the model, estimate the run's peak memory (`rlvr plan`) and refuse "

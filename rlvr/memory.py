@@ -214,7 +214,8 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
         update["head weight gradient (float32)"] = V * H * 4
 
     phases = {"rollout": rollout, "update": update}
-    needs_old = cfg.algo.num_iterations > 1 or t.spg > t.gradient_accumulation_steps or r.backend not in ("native", "hf")
+    needs_old = (cfg.algo.num_iterations > 1 or t.spg > t.gradient_accumulation_steps
+                 or r.backend not in ("native", "hf"))  # as train.logprobs decides
     if needs_old or cfg.algo.beta > 0:
         phases["logprobs"] = {"one layer's activations": tokens * (4 * H + 3 * I) * b, "log-prob head": head_buffers}
     notes = [f"assumes prompts of {P} tokens (rollout.max_prompt_length or the plan's --prompt-tokens), "
@@ -285,7 +286,7 @@ _KNOBS = [
     ("smaller micro-batches", "more, smaller passes; same gradient per optimizer step", _half_micro_batch),
     ("bfloat16 weights", "bf16 weights, gradients and Adam state",
      lambda c: {"model.dtype": "bfloat16"} if c.model.dtype == "float32" else None),
-    ("8-bit Adam state (torchao)", "~1/4 of the optimizer state; compiles once per parameter shape",
+    ("8-bit Adam state (torchao)", "half the state of bf16 AdamW, a quarter of fp32; compiled per parameter shape",
      lambda c: None if c.model.lora.enabled or c.train.optim != "adamw_torch" else {"train.optim": "adamw_torch_8bit"}),
     ("LoRA", "trains an adapter, not the weights: a different (smaller) update",
      lambda c: None if c.model.lora.enabled else {"model.lora.enabled": True}),

@@ -46,7 +46,8 @@ def _batch(N=4, P=5, T=6, seed=0):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Three tokens per chunk, so the integration crosses chunk boundaries as a real vocabulary would."""
-    monkeypatch.setattr(policy_logprobs.core, "head_logprobs", functools.partial(core.head_logprobs, chunk_elements=3 * V))
+    chunked = functools.partial(core.head_logprobs, chunk_elements=3 * V)
+    monkeypatch.setattr(policy_logprobs.core, "head_logprobs", chunked)
 
 
 def _grads(model, chunked, temperature=0.8):
