@@ -139,7 +139,10 @@ def child(spec: dict) -> None:
     torch.set_num_threads(spec["threads"])
     fn = run_rlvr if spec["framework"] == "rlvr" else run_trl
     res = fn(Path(spec["folder"]), spec["lora"], spec["beta"], spec["micro_batch"], spec["checkpointing"])
-    res["peak_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB, 2)
+    # rlvr's per-phase meter resets the kernel's peak-RSS counter at each phase start, so getrusage alone
+    # would only see the last phase: the peak is the larger of it and the largest phase peak.
+    res["peak_gib"] = round(max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB,
+                                res.get("phase_peaks_gib", {}).get("peak", 0.0)), 2)
     if torch.cuda.is_available():
         res["cuda_peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
     Path(spec["result"]).write_text(json.dumps(res))
@@ -229,6 +232,7 @@ def main() -> None:
         row = {"config": name, "status": status, "sampled_peak_rss_gib": round(rss / GIB, 2), "wall_s": round(wall, 1)}
         if status == "ok":
             row.update(json.loads(result_file.read_text()))
+            row["peak_gib"] = max(row["peak_gib"], row["sampled_peak_rss_gib"])  # model loading is not a phase
             if "plan_peak_gib" in row:
                 row["plan_over_measured"] = round(row["plan_peak_gib"] / row["peak_gib"], 3)
         elif status == "killed above cap":

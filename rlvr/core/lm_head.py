@@ -5,7 +5,7 @@ positions over a 151,936-token vocabulary is 2.5 GB in bfloat16, and the plain p
 backward, adds a gradient of the same size and a float32 work chunk on top. Here the head's matmul is
 done ``chunk_rows`` tokens at a time: forward keeps only [N, T] outputs and what it was given (hidden
 states, weight); backward recomputes each chunk's logits and softmax, so neither pass holds [N, T, V].
-Peak extra memory is about three [chunk_rows, V] float32 buffers (plus, when the head weight itself
+Peak extra memory is about two [chunk_rows, V] float32 buffers (plus, when the head weight itself
 trains, a float32 [V, H] gradient accumulator). Cost: the head's matmul runs twice (forward and
 backward recompute), about 1/3 more head FLOPs; the head is ~10% of a 1.7B model's FLOPs per token.
 
@@ -19,9 +19,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rlvr.core.logprobs import DEFAULT_CHUNK_ELEMENTS, _compute_dtype
+from rlvr.core.logprobs import _compute_dtype
 
-__all__ = ["head_logprobs"]
+__all__ = ["HEAD_CHUNK_ELEMENTS", "head_logprobs"]
+
+# 16M logits per chunk: 64 MiB per float32 buffer, about two alive at once (110 tokens of a 152k vocabulary,
+# enough rows that the weight is read ~20 times per micro-batch of 2,000 tokens, not once per token).
+HEAD_CHUNK_ELEMENTS = 1 << 24
 
 
 def _chunks(num_rows: int, chunk_rows: int):
@@ -32,8 +36,9 @@ def _chunks(num_rows: int, chunk_rows: int):
 class _HeadLogProb(torch.autograd.Function):
     """``log softmax((h W^T + b) / τ)[ids]`` and (no-grad) entropy, chunked in forward and backward.
 
-    With s = logits / τ and p = softmax(s): d logp_id / d logits = (onehot(id) - p) / τ; then
-    d h = g_logits W and d W = g_logits^T h, d b = sum g_logits, accumulated chunk by chunk.
+    With s = logits / τ and p = softmax(s) = exp(s - lse): d logp_id / d logits = (onehot(id) - p) / τ; then
+    d h = g_logits W and d W = g_logits^T h, d b = sum g_logits, accumulated chunk by chunk. The per-row
+    log-sum-exp is kept from forward ([N*T] floats), so backward rebuilds p in place in one float32 buffer.
     """
 
     @staticmethod
@@ -41,23 +46,26 @@ class _HeadLogProb(torch.autograd.Function):
         compute = _compute_dtype(hidden_RH.dtype)
         R = hidden_RH.shape[0]
         logp_R = torch.empty(R, dtype=compute, device=hidden_RH.device)
+        lse_R = torch.empty(R, dtype=compute, device=hidden_RH.device)
         ent_R = torch.empty(R if with_entropy else 0, dtype=compute, device=hidden_RH.device)
         for c in _chunks(R, chunk_rows):
-            scaled = F.linear(hidden_RH[c], weight_VH, bias_V).to(compute) / temperature
-            lse = torch.logsumexp(scaled, dim=-1)
-            logp_R[c] = scaled.gather(-1, ids_R[c].unsqueeze(-1)).squeeze(-1) - lse
-            if with_entropy:
-                logp_all = scaled - lse.unsqueeze(-1)
+            s = _scaled_logits(hidden_RH[c], weight_VH, bias_V, temperature, compute)
+            lse_R[c] = torch.logsumexp(s, dim=-1)
+            logp_R[c] = s.gather(-1, ids_R[c].unsqueeze(-1)).squeeze(-1) - lse_R[c]
+            if with_entropy:  # H = -sum p log p, with log p = s - lse computed in place
+                logp_all = s.sub_(lse_R[c].unsqueeze(-1))
+                p = logp_all.exp()
                 # A -inf logit (a banned token) has p = 0 and contributes 0, not 0 * -inf = NaN.
-                ent_R[c] = -(logp_all.exp() * torch.nan_to_num(logp_all, neginf=0.0)).sum(-1)
-        ctx.save_for_backward(hidden_RH, weight_VH, bias_V, ids_R)
+                ent_R[c] = -p.mul_(torch.nan_to_num_(logp_all, neginf=0.0)).sum(-1)
+            del s
+        ctx.save_for_backward(hidden_RH, weight_VH, bias_V, ids_R, lse_R)
         ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
         ctx.mark_non_differentiable(ent_R)  # entropy feeds metrics and token masks, never the gradient
         return logp_R, ent_R
 
     @staticmethod
     def backward(ctx, grad_logp_R, _grad_ent_R):
-        hidden_RH, weight_VH, bias_V, ids_R = ctx.saved_tensors
+        hidden_RH, weight_VH, bias_V, ids_R, lse_R = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         compute = _compute_dtype(hidden_RH.dtype)
         grad_h = torch.empty_like(hidden_RH) if need_h else None
@@ -68,9 +76,10 @@ class _HeadLogProb(torch.autograd.Function):
         grad_b = torch.zeros(bias_V.shape, dtype=acc, device=bias_V.device) if need_b else None
         for c in _chunks(hidden_RH.shape[0], ctx.chunk_rows):
             h = hidden_RH[c]
-            probs = torch.softmax(F.linear(h, weight_VH, bias_V).to(compute) / ctx.temperature, dim=-1)
+            probs = _scaled_logits(h, weight_VH, bias_V, ctx.temperature, compute)
+            probs.sub_(lse_R[c].unsqueeze(-1)).exp_()
             probs.scatter_add_(-1, ids_R[c].unsqueeze(-1), -torch.ones_like(probs[:, :1]))  # p - onehot
-            g_logits = (probs * (-grad_logp_R[c].to(compute).unsqueeze(-1) / ctx.temperature)).to(hidden_RH.dtype)
+            g_logits = probs.mul_(-grad_logp_R[c].to(compute).unsqueeze(-1) / ctx.temperature).to(hidden_RH.dtype)
             del probs
             if need_h:
                 grad_h[c] = g_logits @ weight_VH
@@ -82,6 +91,13 @@ class _HeadLogProb(torch.autograd.Function):
                 None if grad_b is None else grad_b.to(bias_V.dtype), None, None, None, None)
 
 
+def _scaled_logits(h_RH, weight_VH, bias_V, temperature, compute):
+    """[R, V] logits / temperature in the compute dtype: the head's matmul in the weight's dtype, as the model's
+    own head would compute it, then one float32 copy divided in place."""
+    s = F.linear(h_RH, weight_VH, bias_V).to(compute)
+    return s if temperature == 1.0 else s.div_(temperature)
+
+
 def head_logprobs(
     hidden_NTH: torch.Tensor,
     weight_VH: torch.Tensor,
@@ -89,7 +105,7 @@ def head_logprobs(
     temperature: float = 1.0,
     bias_V: torch.Tensor | None = None,
     with_entropy: bool = False,
-    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    chunk_elements: int = HEAD_CHUNK_ELEMENTS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """([N, T] log-prob of each id, [N, T] entropy or None) under ``softmax((h W^T + b) / temperature)``.
 
