@@ -25,12 +25,17 @@ import torch
 
 from rlvr.components import PhaseTimer
 from rlvr.config import Config
+from rlvr.core.lm_head import HEAD_CHUNK_ELEMENTS
 
 GIB = 1024 ** 3
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-# Interpreter, torch, transformers, tokenizer and the run's Python objects: measured RSS of `rlvr train`
-# on CPU before the model loads (0.6-0.8 GiB); not counted on CUDA, where only tensors are.
-CPU_RUNTIME_BYTES = int(0.8 * GIB)
+# Interpreter, torch, transformers, peft, tokenizer and the run's Python objects: the RSS of `rlvr train`
+# on CPU less its tensors (0.5 GiB measured by benchmarks/memory.py); not counted on CUDA, where only
+# tensors are.
+CPU_RUNTIME_BYTES = int(0.5 * GIB)
+# The chunked head's forward holds about 4.5 float32 [chunk, V] buffers at its peak (the scaled logits,
+# logsumexp's temporaries, the entropy's probabilities), measured through VmHWM; backward about 2.5.
+HEAD_WORK_BUFFERS = 4.5
 LORA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -193,8 +198,8 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
     else:
         resident["optimizer state (AdamW m, v)"] = 2 * trainable * tb
 
-    chunk_rows = max(1, (1 << 25) // V)
-    head_buffers = 3 * min(chunk_rows, mb * (r.max_completion_length + 1)) * V * 4
+    chunk_rows = max(1, HEAD_CHUNK_ELEMENTS // V)
+    head_buffers = int(HEAD_WORK_BUFFERS * min(chunk_rows, mb * (r.max_completion_length + 1)) * V * 4)
 
     kv = N * S * L * 2 * shape.kv_heads * shape.head_dim * b
     rollout = {"KV cache": kv, "sampling buffers": 3 * N * V * 4}
