@@ -107,6 +107,30 @@ def test_lora_adapters_match_and_the_frozen_head_gets_no_gradient(small_chunks):
     assert (adapted - a).abs().max() > 1e-6
 
 
+def test_lora_with_gradient_checkpointing_trains_the_adapters(small_chunks):
+    """Checkpointing enabled before the adapter is added (as load_model does): the adapters still get the
+    gradient of the un-checkpointed model (a reentrant checkpoint whose inputs need no grad would give none)."""
+    from peft import LoraConfig, get_peft_model
+
+    def build(ckpt):
+        base = _llama()
+        if ckpt:
+            base.gradient_checkpointing_enable()
+            base.config.use_cache = False
+        model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                torch.nn.init.normal_(p, std=0.1, generator=torch.Generator().manual_seed(len(n)))
+        return model.train()
+
+    _, _, with_ckpt = _grads(build(True), chunked=True)
+    _, _, without = _grads(build(False), chunked=True)
+    assert with_ckpt.keys() == without.keys() and any("lora_A" in n for n in with_ckpt)
+    for name in without:
+        assert without[name].abs().max() > 0
+        assert torch.allclose(with_ckpt[name], without[name], rtol=0, atol=1e-11), name
+
+
 def test_adapted_head_and_post_processed_logits_take_the_plain_path():
     from peft import LoraConfig, get_peft_model
     from transformers import Gemma2Config, Gemma2ForCausalLM
