@@ -120,3 +120,17 @@ def test_knobs_are_concrete_settings_in_order():
     assert lines[-1].startswith("still over")
     peaks = [float(ln.rsplit("estimated peak", 1)[1].split()[0]) for ln in lines[:-1]]
     assert peaks == sorted(peaks, reverse=True)
+
+
+def test_rlvr_train_refuses_before_loading_the_model(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    import rlvr.train
+    from rlvr.cli import app
+
+    monkeypatch.setattr(memory, "device_free_memory", lambda kind: (1, "available host memory"))
+    loaded = []
+    monkeypatch.setattr(rlvr.train, "load_model", lambda *a, **k: loaded.append(1))
+    res = CliRunner().invoke(app, ["train", f"log.output_dir={tmp_path}", "log.progress=false"])
+    assert res.exit_code == 1 and "DOES NOT FIT" in res.output and "knobs that would make it fit" in res.output
+    assert not loaded
