@@ -14,6 +14,7 @@ layer input) plus one layer recomputed in backward.
 
 from __future__ import annotations
 
+import os
 import re
 import resource
 import sys
@@ -330,6 +331,9 @@ def check_fits(cfg: Config, device: torch.device, prompt_tokens: int | None = No
     kind = "cuda" if device.type == "cuda" else "cpu"
     plan = estimate(cfg, shape, kind, prompt_tokens)
     free, what = device_free_memory(kind)
+    if kind == "cpu":  # processes of one torchrun host share its memory: each gets its share
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        free, what = free // local, (what if local == 1 else f"{what} / {local} local processes")
     if plan.peak <= free:
         return
     msg = (f"the memory plan estimates a peak of {plan.peak / GIB:.2f} GiB, over the {free / GIB:.2f} GiB of "
