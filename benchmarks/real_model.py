@@ -1,4 +1,4 @@
-"""A real pretrained model learning on CPU: SmolLM2-135M-Instruct on configs/smollm2_arith.yaml.
+"""A real pretrained model learning on CPU: SmolLM2-135M-Instruct on rlvr/configs/smollm2_arith.yaml.
 
 Runs ``rlvr train smollm2_arith`` in a subprocess as a user would (model load, every evaluation and
 the final save included) and prints JSON: held-out greedy accuracy before and after, the learning

@@ -191,8 +191,8 @@ def bench_model(name: str, args) -> dict:
     prompts = []
     for _ in range(args.prompts):
         a, b = torch.randint(10, 99, (2,), generator=rng).tolist()
-        if name == "smollm2":  # a GRPO request as configs/smollm2_arith.yaml makes it: the chat template
-            from rlvr.prompts import encode_prompts
+        if name == "smollm2":  # a GRPO request as rlvr/configs/smollm2_arith.yaml makes it: the chat template
+            from rlvr.tasks.prompts import encode_prompts
 
             q = f"What is {a % 10} * {b % 10}? Put the final answer in \\boxed{{}}."
             prompts += encode_prompts(tok, [[{"role": "user", "content": q}]])

@@ -88,8 +88,16 @@ def load_model(cfg: Config, device: torch.device, trainable: bool = True) -> tor
 def build_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
     t = cfg.train
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2),
-                             eps=t.adam_epsilon, weight_decay=t.weight_decay)
+    kwargs = dict(lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_epsilon,
+                  weight_decay=t.weight_decay)
+    if t.optim == "adamw_torch_8bit":  # 8-bit moments: 2 bytes/parameter of Adam state instead of 4 (bf16) or 8
+        try:
+            from torchao.optim import AdamW8bit
+        except ImportError:
+            raise ImportError("train.optim=adamw_torch_8bit needs torchao: `pip install torchao`, "
+                              "or set train.optim=adamw_torch") from None
+        return AdamW8bit(params, **kwargs)
+    return torch.optim.AdamW(params, **kwargs)
 
 
 def build_scheduler(cfg: Config, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:

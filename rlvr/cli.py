@@ -1,4 +1,4 @@
-"""rlvr train | config | eval | audit | diagnose | report | models get."""
+"""rlvr train | plan | config | eval | audit | diagnose | report | models get."""
 
 from __future__ import annotations
 
@@ -82,6 +82,37 @@ def train_cmd(args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yam
         from rlvr.train import train
 
         train(cfg)
+
+
+@app.command("plan")
+def plan_cmd(
+    args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value ...]"),
+    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="Prompt length to plan for "
+                                                "(default: rollout.max_prompt_length, else 256)."),
+    device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when available)."),
+    memory_gib: Optional[float] = typer.Option(None, "--memory-gib", help="Plan against this much memory instead "
+                                               "of the device's free memory."),
+) -> None:
+    """Estimate a run's peak memory per phase from the config and the model's config.json (no weights loaded)."""
+    import torch
+
+    from rlvr.memory import GIB, device_free_memory, estimate, format_plan, knobs_to_fit, model_shape
+
+    path, overrides = _split_args(list(args or []))
+    try:
+        cfg = load_config(path, overrides)
+        shape = model_shape(cfg.model.path, cfg.model.trust_remote_code)
+    except (ConfigError, OSError, ValueError) as e:
+        _fail(str(e))
+    kind = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    free, what = (int(memory_gib * GIB), "given memory") if memory_gib else device_free_memory(kind)
+    plan = estimate(cfg, shape, kind, prompt_tokens)
+    typer.echo(f"{cfg.model.path}: {shape.num_params / 1e9:.3f}B parameters")
+    typer.echo(format_plan(plan, free, what))
+    if plan.peak > free:
+        knobs = knobs_to_fit(cfg, shape, kind, free, prompt_tokens)
+        typer.echo("knobs that would make it fit:\n  " + "\n  ".join(knobs))
+        raise typer.Exit(1)
 
 
 @app.command("config")

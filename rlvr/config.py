@@ -274,6 +274,18 @@ class TrainConfig(_Section):
         "step there (frees accelerator memory; costs a host copy of every layer per forward and backward)."
     )
 
+    optim: Literal["adamw_torch", "adamw_torch_8bit"] = Field(
+        "adamw_torch", description="Optimizer (transformers' names). adamw_torch_8bit: AdamW with block-wise 8-bit "
+        "moments from torchao (`pip install torchao`): half the state of bf16 AdamW, a quarter of fp32; its step "
+        "is torch.compile'd once per parameter shape (minutes on a small CPU) and the quantised moments change "
+        "the trajectory slightly."
+    )
+    memory_check: Literal["refuse", "warn", "skip"] = Field(
+        "refuse", description="Before loading the model, estimate the run's peak memory (`rlvr plan`) and refuse "
+        "to start when it exceeds the device's free memory ('warn': print the plan and start anyway; "
+        "'skip': no estimate)."
+    )
+
     @property
     def micro_batches_per_generation(self) -> int:
         """steps_per_generation resolved: micro-batches one generation batch is cut into."""

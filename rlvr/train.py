@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from rlvr import core, distributed
+from rlvr import core, distributed, memory, policy_logprobs
 from rlvr.batch import LogProbs, PackedBatch, Rollouts, batch_metrics, completion_records, pack
 from rlvr.builders import (build_engine, build_loss_settings, build_optimizer, build_scheduler, load_model,
                            load_tokenizer)
@@ -61,7 +61,7 @@ class Run:
     group_filter: GroupFilter | None  # DAPO dynamic sampling / prompt skipping; None when both are off
     logger: MetricLogger | None  # rank 0 only
     console: Console
-    timer: PhaseTimer = field(default_factory=PhaseTimer)
+    timer: PhaseTimer = field(default_factory=memory.PhaseMeter)  # timing/<phase>, memory/peak_<phase>
     step: int = 0  # optimizer steps taken
     generation: int = 0  # generation batches sampled (seeds sampling: resumable)
     engine_version: int = 0  # optimizer step whose weights the engine holds (stale samplers lag)
@@ -147,15 +147,10 @@ def advantage(run: Run, batch: Rollouts) -> torch.Tensor:
 def completion_logprobs(run: Run, model: torch.nn.Module, mb: PackedBatch,
                         with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward over [prompt | completion]; log-probs (and entropy) of the completion tokens from
-    temperature-scaled logits, as the sampler drew them. Only the last T+1 positions get logits."""
-    num_tokens = mb.num_completion_tokens
-    out = model(input_ids=mb.input_ids_NL, attention_mask=mb.attention_mask_NL, position_ids=mb.position_ids_NL,
-                use_cache=False, logits_to_keep=num_tokens + 1)
-    logits_NTV = out.logits[:, :-1, :]  # position t predicts token t+1
-    temperature = run.cfg.rollout.temperature or 1.0  # greedy sampling: log-probs of the plain distribution
-    logp_NT = core.token_logprobs(logits_NTV, mb.completion_ids_NT, temperature=temperature)
-    ent_NT = core.entropy_from_logits(logits_NTV.detach(), temperature=temperature) if with_entropy else None
-    return logp_NT, ent_NT
+    temperature-scaled logits, as the sampler drew them, a chunk of tokens at a time (never [N, T, V])."""
+    temp = run.cfg.rollout.temperature or 1.0  # greedy sampling: log-probs of the plain distribution
+    return policy_logprobs.completion_logprobs(model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL,
+                                               mb.completion_ids_NT, temp, with_entropy=with_entropy)
 
 
 @torch.no_grad()
@@ -296,6 +291,7 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
         torch.set_num_threads(cfg.train.num_threads)
     random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
+    memory.check_fits(cfg, device)  # refuse up front, with the plan, rather than die of OOM mid-step
     tokenizer = load_tokenizer(cfg.model.path)
     model = load_model(cfg, device)
     # beta = 0 loads no reference model (TRL default); with LoRA the base model is the reference.

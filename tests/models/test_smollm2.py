@@ -16,11 +16,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.config import load_config
-from rlvr.data import format_row
-from rlvr.prompts import as_completion_payload, encode_prompts, render_prompt
+from rlvr.tasks.stream import format_row
+from rlvr.tasks.prompts import as_completion_payload, encode_prompts, render_prompt
 from rlvr.rollout import SamplingParams, cpu_kernel, make_engine
 from rlvr.rollout.common import left_pad
-from rlvr.scoring import load_reward_functions, score
+from rlvr.rewards.scoring import load_reward_functions, score
 
 pytestmark = pytest.mark.slow
 

@@ -20,6 +20,7 @@ ALWAYS_LOGGED = [
     "clip_ratio/region_mean", "entropy", "rewards/length_bonus/mean", "rewards/length_bonus/std",
     "timing/rollout", "timing/reward", "timing/advantage", "timing/logprobs", "timing/update", "timing/sync",
     "groups/all_fail", "groups/mixed", "groups/all_pass", "tokens_per_second", "policy_lag",
+    "memory/peak_rollout", "memory/peak_logprobs", "memory/peak_update", "memory/peak",
 ]
 
 

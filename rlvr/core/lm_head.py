@@ -1,0 +1,131 @@
+"""Completion-token log-probs straight from final hidden states and the LM-head weight, in chunks of tokens.
+
+Why: the logits are the largest tensor of a GRPO step. One micro-batch of 32 completions x 257 scored
+positions over a 151,936-token vocabulary is 2.5 GB in bfloat16, and the plain path keeps them for
+backward, adds a gradient of the same size and a float32 work chunk on top. Here the head's matmul is
+done ``chunk_rows`` tokens at a time: forward keeps only [N, T] outputs and what it was given (hidden
+states, weight); backward recomputes each chunk's logits and softmax, so neither pass holds [N, T, V].
+Peak extra memory is about two [chunk_rows, V] float32 buffers (plus, when the head weight itself
+trains, a float32 [V, H] gradient accumulator). Cost: the head's matmul runs twice (forward and
+backward recompute), about 1/3 more head FLOPs; the head is ~10% of a 1.7B model's FLOPs per token.
+
+Numerics are those of the plain path ``token_logprobs(F.linear(h, W, b), ids, T)``: logits in the
+weight's dtype, cast to float32 (float64 for float64) and divided by the sampling temperature; the
+logits gradient is cast back to the weight's dtype before the two matmuls of the linear backward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rlvr.core.logprobs import _compute_dtype
+
+__all__ = ["HEAD_CHUNK_ELEMENTS", "head_logprobs"]
+
+# 16M logits per chunk: 64 MiB per float32 buffer, about two alive at once (110 tokens of a 152k vocabulary,
+# enough rows that the weight is read ~20 times per micro-batch of 2,000 tokens, not once per token).
+HEAD_CHUNK_ELEMENTS = 1 << 24
+
+
+def _chunks(num_rows: int, chunk_rows: int):
+    for start in range(0, num_rows, chunk_rows):
+        yield slice(start, min(start + chunk_rows, num_rows))
+
+
+class _HeadLogProb(torch.autograd.Function):
+    """``log softmax((h W^T + b) / τ)[ids]`` and (no-grad) entropy, chunked in forward and backward.
+
+    With s = logits / τ and p = softmax(s) = exp(s - lse): d logp_id / d logits = (onehot(id) - p) / τ; then
+    d h = g_logits W and d W = g_logits^T h, d b = sum g_logits, accumulated chunk by chunk. The per-row
+    log-sum-exp is kept from forward ([N*T] floats), so backward rebuilds p in place in one float32 buffer.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden_RH, weight_VH, bias_V, ids_R, temperature, chunk_rows, with_entropy):
+        compute = _compute_dtype(hidden_RH.dtype)
+        R = hidden_RH.shape[0]
+        logp_R = torch.empty(R, dtype=compute, device=hidden_RH.device)
+        lse_R = torch.empty(R, dtype=compute, device=hidden_RH.device)
+        ent_R = torch.empty(R if with_entropy else 0, dtype=compute, device=hidden_RH.device)
+        for c in _chunks(R, chunk_rows):
+            s = _scaled_logits(hidden_RH[c], weight_VH, bias_V, temperature, compute)
+            lse_R[c] = torch.logsumexp(s, dim=-1)
+            logp_R[c] = s.gather(-1, ids_R[c].unsqueeze(-1)).squeeze(-1) - lse_R[c]
+            if with_entropy:  # H = -sum p log p, with log p = s - lse computed in place
+                logp_all = s.sub_(lse_R[c].unsqueeze(-1))
+                p = logp_all.exp()
+                # A -inf logit (a banned token) has p = 0 and contributes 0, not 0 * -inf = NaN.
+                ent_R[c] = -p.mul_(torch.nan_to_num_(logp_all, neginf=0.0)).sum(-1)
+            del s
+        ctx.save_for_backward(hidden_RH, weight_VH, bias_V, ids_R, lse_R)
+        ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
+        ctx.mark_non_differentiable(ent_R)  # entropy feeds metrics and token masks, never the gradient
+        return logp_R, ent_R
+
+    @staticmethod
+    def backward(ctx, grad_logp_R, _grad_ent_R):
+        hidden_RH, weight_VH, bias_V, ids_R, lse_R = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        compute = _compute_dtype(hidden_RH.dtype)
+        grad_h = torch.empty_like(hidden_RH) if need_h else None
+        # The weight gradient is a sum over every token: accumulate it in float32 (a plain bf16 matmul
+        # also accumulates in float32 internally), round once at the end.
+        acc = torch.float64 if weight_VH.dtype == torch.float64 else torch.float32
+        grad_w = torch.zeros(weight_VH.shape, dtype=acc, device=weight_VH.device) if need_w else None
+        grad_b = torch.zeros(bias_V.shape, dtype=acc, device=bias_V.device) if need_b else None
+        for c in _chunks(hidden_RH.shape[0], ctx.chunk_rows):
+            h = hidden_RH[c]
+            probs = _scaled_logits(h, weight_VH, bias_V, ctx.temperature, compute)
+            probs.sub_(lse_R[c].unsqueeze(-1)).exp_()
+            probs.scatter_add_(-1, ids_R[c].unsqueeze(-1), -torch.ones_like(probs[:, :1]))  # p - onehot
+            g_logits = probs.mul_(-grad_logp_R[c].to(compute).unsqueeze(-1) / ctx.temperature).to(hidden_RH.dtype)
+            del probs
+            if need_h:
+                grad_h[c] = g_logits @ weight_VH
+            if need_w:
+                grad_w += (g_logits.t() @ h).to(acc)
+            if need_b:
+                grad_b += g_logits.sum(0).to(acc)
+        return (grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype),
+                None if grad_b is None else grad_b.to(bias_V.dtype), None, None, None, None)
+
+
+def _scaled_logits(h_RH, weight_VH, bias_V, temperature, compute):
+    """[R, V] logits / temperature in the compute dtype: the head's matmul in the weight's dtype, as the model's
+    own head would compute it, then one float32 copy divided in place."""
+    s = F.linear(h_RH, weight_VH, bias_V).to(compute)
+    return s if temperature == 1.0 else s.div_(temperature)
+
+
+def head_logprobs(
+    hidden_NTH: torch.Tensor,
+    weight_VH: torch.Tensor,
+    ids_NT: torch.Tensor,
+    temperature: float = 1.0,
+    bias_V: torch.Tensor | None = None,
+    with_entropy: bool = False,
+    chunk_elements: int = HEAD_CHUNK_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """([N, T] log-prob of each id, [N, T] entropy or None) under ``softmax((h W^T + b) / temperature)``.
+
+    ``hidden_NTH[:, t]`` must be the final (normed) hidden state that *predicted* ``ids_NT[:, t]``. The
+    log-probs are differentiable in hidden states, weight and bias; the entropy is not (detached, as the
+    loss uses it). ``chunk_elements`` bounds one chunk's logits: ``chunk_elements // V`` tokens at a time.
+    """
+    if temperature <= 0:
+        raise ValueError(
+            f"temperature must be > 0 (the sampling temperature the completions were drawn at); got {temperature}."
+        )
+    if hidden_NTH.shape[:-1] != ids_NT.shape:
+        raise ValueError(
+            f"hidden states {tuple(hidden_NTH.shape)} and ids {tuple(ids_NT.shape)} disagree: hidden states must "
+            "be [N, T, H] for ids [N, T] (the positions that predict each completion token)."
+        )
+    if weight_VH.shape[1] != hidden_NTH.shape[-1]:
+        raise ValueError(f"LM-head weight {tuple(weight_VH.shape)} does not take hidden size {hidden_NTH.shape[-1]}.")
+    H, V = hidden_NTH.shape[-1], weight_VH.shape[0]
+    chunk_rows = max(1, chunk_elements // max(V, 1))
+    logp_R, ent_R = _HeadLogProb.apply(hidden_NTH.reshape(-1, H), weight_VH, bias_V, ids_NT.reshape(-1),
+                                       float(temperature), chunk_rows, with_entropy)
+    return logp_R.view(ids_NT.shape), ent_R.view(ids_NT.shape) if with_entropy else None

@@ -1,0 +1,136 @@
+"""rlvr.memory: per-phase peaks, the plan's parameter arithmetic, the refusal and `rlvr plan`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlvr import memory
+from rlvr.config import load_config
+from rlvr.memory import GIB, ModelShape, PhaseMeter, estimate
+
+
+def _qwen3_config(tied=True):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(vocab_size=500, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, tie_word_embeddings=tied)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_parameter_count_equals_the_built_model(tied):
+    from transformers import Qwen3ForCausalLM
+
+    c = _qwen3_config(tied)
+    model = Qwen3ForCausalLM(c)
+    assert ModelShape.from_hf_config(c).num_params == sum(p.numel() for p in model.parameters())
+
+
+def test_lora_parameter_count_equals_peft():
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen3ForCausalLM
+
+    c = _qwen3_config()
+    for targets in ("all-linear", ["q_proj", "down_proj"]):
+        model = get_peft_model(Qwen3ForCausalLM(c), LoraConfig(r=8, target_modules=targets))
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        assert ModelShape.from_hf_config(c).lora_params(8, targets) == trainable
+
+
+def test_phase_meter_sees_an_allocation_inside_its_phase_only():
+    meter = PhaseMeter(torch.device("cpu"))
+    with meter("small"):
+        pass
+    with meter("big"):
+        x = torch.ones(300_000_000, dtype=torch.uint8)  # 0.28 GiB touched
+        del x
+    out = meter.pop()
+    assert out["memory/peak_big"] - out["memory/peak_small"] > 0.25
+    assert out["memory/peak"] == out["memory/peak_big"] and "timing/big" in out
+    assert meter.pop() == {}
+
+
+def test_the_terms_follow_the_config():
+    shape = ModelShape.from_hf_config(_qwen3_config())
+    base = load_config(None, ["model.dtype=bfloat16", "train.per_device_train_batch_size=16"])
+    p0 = estimate(base, shape)
+    ref = estimate(load_config(None, ["model.dtype=bfloat16", "train.per_device_train_batch_size=16",
+                                      "algo.beta=0.04"]), shape)
+    assert ref.resident["reference model"] == shape.num_params * 2 and "reference model" not in p0.resident
+    ckpt = estimate(load_config(None, ["model.dtype=bfloat16", "train.per_device_train_batch_size=16",
+                                       "model.gradient_checkpointing=true"]), shape)
+    assert ckpt.phases["update"]["activations"] < p0.phases["update"]["activations"]
+    lora = estimate(load_config(None, ["model.dtype=bfloat16", "train.per_device_train_batch_size=16",
+                                       "model.lora.enabled=true", "algo.beta=0.04"]), shape)
+    assert "reference model" not in lora.resident  # the LoRA reference is the base model, adapter off
+    assert lora.resident["optimizer state (AdamW m, v)"] == 2 * 4 * shape.lora_params(16, "all-linear")
+
+
+def test_train_refuses_with_the_plan_and_a_knob_that_fits(monkeypatch):
+    cfg = load_config(None, ["model.dtype=bfloat16", "train.per_device_train_batch_size=256"])
+    plan = estimate(cfg, memory.model_shape("tiny"))
+    free = plan.peak - 1
+    monkeypatch.setattr(memory, "device_free_memory", lambda kind: (free, "available host memory"))
+    with pytest.raises(MemoryError) as e:
+        memory.check_fits(cfg, torch.device("cpu"))
+    msg = str(e.value)
+    assert "estimated peak" in msg and "knobs that would make it fit" in msg and "memory_check=warn" in msg
+    last_knob = [ln for ln in msg.splitlines() if "estimated peak" in ln and "GiB" in ln][-1]
+    assert float(last_knob.rsplit("estimated peak", 1)[1].split()[0]) * GIB <= free
+    memory.check_fits(load_config(None, ["train.memory_check=warn", "train.per_device_train_batch_size=256"]),
+                      torch.device("cpu"))  # warns, does not raise
+
+
+def test_plan_command_prints_the_table(tmp_path):
+    from typer.testing import CliRunner
+
+    from rlvr.cli import app
+
+    _qwen3_config().save_pretrained(tmp_path)
+    res = CliRunner().invoke(app, ["plan", f"model.path={tmp_path}", "--memory-gib", "64"])
+    assert res.exit_code == 0, res.output
+    assert "peak of update" in res.output and "fits" in res.output
+    res = CliRunner().invoke(app, ["plan", f"model.path={tmp_path}", "--memory-gib", "0.001"])
+    assert res.exit_code == 1 and "DOES NOT FIT" in res.output
+
+
+def test_eight_bit_adam_is_opt_in_and_planned_at_a_quarter():
+    from rlvr.builders import build_optimizer
+
+    shape = ModelShape.from_hf_config(_qwen3_config())
+    base = load_config(None, ["model.dtype=bfloat16"])
+    low = load_config(None, ["model.dtype=bfloat16", "train.optim=adamw_torch_8bit"])
+    assert base.train.optim == "adamw_torch"
+    bf16_state = estimate(base, shape).resident["optimizer state (AdamW m, v)"]
+    q_state = estimate(low, shape).resident["optimizer state (8-bit AdamW m, v)"]
+    assert bf16_state == 4 * shape.num_params and q_state == int(2 * shape.num_params * (1 + 4 / 256))
+    pytest.importorskip("torchao")
+    opt = build_optimizer(low, torch.nn.Linear(64, 64))
+    assert type(opt).__name__ == "AdamW8bit" and opt.defaults["lr"] == low.train.learning_rate
+
+
+def test_knobs_are_concrete_settings_in_order():
+    shape = ModelShape.from_hf_config(_qwen3_config())
+    cfg = load_config(None, ["model.dtype=float32", "algo.beta=0.04", "train.per_device_train_batch_size=256",
+                             "rollout.max_completion_length=512"])
+    lines = memory.knobs_to_fit(cfg, shape, "cpu", free=1)  # nothing fits in one byte: every knob is listed
+    assert lines[0].startswith("model.gradient_checkpointing=true")
+    assert lines[1].startswith("train.per_device_train_batch_size=")
+    assert any(ln.startswith("model.dtype=bfloat16") for ln in lines)
+    assert lines[-1].startswith("still over")
+    peaks = [float(ln.rsplit("estimated peak", 1)[1].split()[0]) for ln in lines[:-1]]
+    assert peaks == sorted(peaks, reverse=True)
+
+
+def test_rlvr_train_refuses_before_loading_the_model(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    import rlvr.train
+    from rlvr.cli import app
+
+    monkeypatch.setattr(memory, "device_free_memory", lambda kind: (1, "available host memory"))
+    loaded = []
+    monkeypatch.setattr(rlvr.train, "load_model", lambda *a, **k: loaded.append(1))
+    res = CliRunner().invoke(app, ["train", f"log.output_dir={tmp_path}", "log.progress=false"])
+    assert res.exit_code == 1 and "DOES NOT FIT" in res.output and "knobs that would make it fit" in res.output
+    assert not loaded
