@@ -321,4 +321,5 @@ def resume_run(run: Any) -> Path | None:
     run.reward_errors = mine["reward_errors"]
     if run.dist.is_main:
         run.logger.truncate_after(run.step)  # lines the killed attempt wrote after the checkpoint
+        run.diagnostics.truncate_after(run.step)
     return path

@@ -222,8 +222,11 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
         update["head weight gradient (float32)"] = V * H * 4
 
     phases = {"rollout": rollout, "update": update}
-    needs_old = (cfg.algo.num_iterations > 1 or t.spg > t.gradient_accumulation_steps
-                 or r.backend not in ("native", "hf"))  # as train.logprobs decides
+    from rlvr.rollout import engine_class
+
+    live = engine_class(r.backend, r.engine_options).samples_live_policy
+    needs_old = (cfg.algo.num_iterations > 1 or t.micro_batches_per_generation > t.gradient_accumulation_steps
+                 or not live)  # as train.logprobs decides
     if needs_old or cfg.algo.beta > 0:
         phases["logprobs"] = {"one layer's activations": tokens * (4 * H + 3 * I) * b, "log-prob head": head_buffers}
     notes = [f"assumes prompts of {P} tokens (rollout.max_prompt_length or the plan's --prompt-tokens), "
@@ -284,7 +287,7 @@ def _half_micro_batch(cfg: Config) -> dict[str, object] | None:
         return None
     return {"train.per_device_train_batch_size": t.per_device_train_batch_size // 2,
             "train.gradient_accumulation_steps": t.gradient_accumulation_steps * 2,
-            "train.steps_per_generation": t.spg * 2}
+            "train.steps_per_generation": t.micro_batches_per_generation * 2}
 
 
 # Knobs tried in this order (cheapest in effect on the result first): name, cost, the change or None.

@@ -385,5 +385,15 @@ class Diagnostics:
             self.role_reasons = dict(state["roles"]["assumed"])
             self.roles_pending = False  # the header (written at the next step) carries them
 
+    def truncate_after(self, step: int) -> None:
+        """Drop the samples and warnings a killed attempt wrote past ``step`` (the checkpoint a run resumes
+        from): the resumed run writes those steps again. The rollout record needs nothing: its reader keeps
+        the most recent copy of each step."""
+        from rlvr.runfolder import truncate_jsonl
+
+        if self.run_dir is not None:
+            for name in (SAMPLES_NAME, WARNINGS_NAME):
+                truncate_jsonl(self.run_dir / name, step)
+
     def close(self) -> None:
         """Nothing is held open between steps (each write opens and closes its file); kept for symmetry."""

@@ -79,6 +79,10 @@ def test_sigkill_and_resume_is_bitwise_identical(tiny_model_dir, uninterrupted, 
     # The metrics log has one line per step, not duplicated lines from the killed attempt.
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, STEPS + 1))
+    # Nor are samples: each (step, class) written once, though the killed attempt wrote some of them too.
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    keys = [(s["step"], s["class"], s["group"], s["index"]) for s in samples]
+    assert len(keys) == len(set(keys)) and max(k[0] for k in keys) == STEPS
 
 
 def test_resume_detects_a_difference(tiny_model_dir, sum_dataset, tmp_path):
