@@ -30,7 +30,7 @@ def resolve_model_path(path: str) -> str:
     return resolve_gguf(path) or path  # a .gguf file or a fetched model's name -> its converted folder
 
 
-def _cannot_load(what: str, path: str, err: Exception) -> OSError:
+def cannot_load(what: str, path: str, err: Exception) -> OSError:
     """One clear error for a model or tokenizer that is neither a folder nor reachable on the hub."""
     if not os.path.isdir(path) and os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         return OSError(
@@ -50,7 +50,7 @@ def load_tokenizer(path: str) -> Any:
     try:
         tok = AutoTokenizer.from_pretrained(resolve_model_path(path))
     except OSError as e:
-        raise _cannot_load("the tokenizer of", path, e) from None
+        raise cannot_load("the tokenizer of", path, e) from None
     if tok.pad_token is None:  # many base models ship without one; pad positions are masked anyway
         tok.pad_token = tok.eos_token
     return tok
@@ -67,7 +67,7 @@ def load_model(cfg: Config, device: torch.device, trainable: bool = True) -> tor
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as e:
-        raise _cannot_load("model", cfg.model.path, e) from None
+        raise cannot_load("model", cfg.model.path, e) from None
     model.to(device)
     if not trainable:
         model.eval().requires_grad_(False)

@@ -155,10 +155,13 @@ def model_shape(path: str, trust_remote_code: bool = False) -> ModelShape:
     """The model's shape from its config.json alone (no weights read)."""
     from transformers import AutoConfig
 
-    from rlvr.builders import resolve_model_path
+    from rlvr.builders import cannot_load, resolve_model_path
 
-    return ModelShape.from_hf_config(AutoConfig.from_pretrained(resolve_model_path(path),
-                                                                trust_remote_code=trust_remote_code))
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_path(path), trust_remote_code=trust_remote_code)
+    except OSError as e:  # the same message the model loader would give, before any weights are read
+        raise cannot_load("the config of", path, e) from None
+    return ModelShape.from_hf_config(config)
 
 
 @dataclass

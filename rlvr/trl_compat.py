@@ -155,7 +155,7 @@ TRAINING_ARGUMENTS_UNSUPPORTED = frozenset((
     'label_smoothing_factor', 'length_column_name', 'liger_kernel_config', 'load_best_model_at_end',
     'local_rank', 'log_level', 'log_level_replica', 'log_on_each_node', 'logging_first_step',
     'logging_nan_inf_filter', 'logging_strategy', 'lr_scheduler_kwargs', 'metric_for_best_model',
-    'neftune_noise_alpha', 'optim', 'optim_args', 'optim_target_modules', 'parallelism_config',
+    'neftune_noise_alpha', 'optim_args', 'optim_target_modules', 'parallelism_config',
     'per_device_eval_batch_size', 'prediction_loss_only', 'project', 'push_to_hub', 'remove_unused_columns',
     'restore_callback_states_from_checkpoint', 'save_on_each_node', 'save_only_model', 'save_strategy',
     'skip_memory_metrics', 'tf32', 'torch_compile', 'torch_compile_backend', 'torch_compile_mode',
@@ -165,7 +165,7 @@ TRAINING_ARGUMENTS_UNSUPPORTED = frozenset((
 
 
 def _name_training_arguments(tree: dict, problems: list[str]) -> None:
-    """A transformers TrainingArguments name rlvr lacks (optim, push_to_hub, ...) is named as such, rather
+    """A transformers TrainingArguments name rlvr lacks (optim_args, push_to_hub, ...) is named as such, rather
     than reported as an unknown key with a far-fetched suggestion."""
     for k in [k for k in tree if k in TRAINING_ARGUMENTS_UNSUPPORTED]:
         tree.pop(k)

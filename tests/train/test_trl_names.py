@@ -58,7 +58,8 @@ def test_trl_names_in_a_yaml_file(tmp_path):
     ("vllm_mode=server", "only with use_vllm=true"),
     ("sync_ref_model=true", "has no rlvr equivalent"),
     ("vllm_server_port=8000", "rollout.engine_options"),
-    ("optim=sgd", "optim (a transformers TrainingArguments option) has no rlvr equivalent"),
+    ("push_to_hub=true", "push_to_hub (a transformers TrainingArguments option) has no rlvr equivalent"),
+    ("optim=sgd", "train.optim: Input should be 'adamw_torch' or 'adamw_torch_8bit'"),  # kept name, rlvr's choices
     ("warmup_steps=6", "set train.warmup_ratio=warmup_steps/max_steps"),
 ])
 def test_refused_trl_names_say_what_to_set(override, message):
