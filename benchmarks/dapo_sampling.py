@@ -30,8 +30,14 @@ from pathlib import Path
 VARIANTS = {
     "grpo": [],
     "dynamic": ["dapo.dynamic_sampling=true", "dapo.max_generation_rounds=4", "dapo.oversample_factor=1.25"],
-    "dynamic+skip": ["dapo.dynamic_sampling=true", "dapo.max_generation_rounds=4", "dapo.oversample_factor=1.25",
-                     "dapo.skip_solved_prompts=true", "dapo.skip_after=2", "dapo.reprobe_fraction=0.1"],
+    "dynamic+skip": [
+        "dapo.dynamic_sampling=true",
+        "dapo.max_generation_rounds=4",
+        "dapo.oversample_factor=1.25",
+        "dapo.skip_solved_prompts=true",
+        "dapo.skip_after=2",
+        "dapo.reprobe_fraction=0.1",
+    ],
 }
 
 
@@ -47,9 +53,21 @@ def write_pool(folder: Path, pool: int, eval_n: int) -> tuple[Path, Path]:
 
 def run(name: str, extra: list[str], train: Path, held: Path, steps: int, overrides: list[str]) -> dict:
     out = Path(tempfile.mkdtemp(prefix=f"rlvr-dapo-{name.replace('+', '-')}-"))
-    cmd = [sys.executable, "-m", "rlvr.cli", "train", f"data.path={train}", f"data.eval_path={held}",
-           "rewards=[{name: arithmetic}]", f"train.max_steps={steps}", "log.logging_steps=1",
-           "log.progress=false", f"log.output_dir={out}", *extra, *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlvr.cli",
+        "train",
+        f"data.path={train}",
+        f"data.eval_path={held}",
+        "rewards=[{name: arithmetic}]",
+        f"train.max_steps={steps}",
+        "log.logging_steps=1",
+        "log.progress=false",
+        f"log.output_dir={out}",
+        *extra,
+        *overrides,
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -88,8 +106,17 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="rlvr-dapo-pool-"))
     train, held = write_pool(folder, args.pool, args.eval)
     results = {name: run(name, VARIANTS[name], train, held, args.steps, args.overrides) for name in args.only}
-    print(json.dumps({"task": "arithmetic (2-digit +), shipped tiny model", "pool": args.pool, "steps": args.steps,
-                      "results": results}, indent=2))
+    print(
+        json.dumps(
+            {
+                "task": "arithmetic (2-digit +), shipped tiny model",
+                "pool": args.pool,
+                "steps": args.steps,
+                "results": results,
+            },
+            indent=2,
+        )
+    )
     shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -28,14 +28,19 @@ def one_run(overrides: list[str]) -> dict:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"rlvr train failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
-             if "eval/accuracy" in line]
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
-             if "eval/accuracy" not in line]
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "eval/accuracy" in line]
+    steps = [
+        json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if "eval/accuracy" not in line
+    ]
     timing = {k: round(sum(s.get(k, 0.0) for s in steps), 2) for k in steps[-1] if k.startswith("timing/")}
     shutil.rmtree(out, ignore_errors=True)
-    return {"wall_s": round(wall, 1), "before": evals[0]["eval/accuracy"], "after": evals[-1]["eval/accuracy"],
-            "steps": evals[-1]["step"], "logged_timing_s": timing}
+    return {
+        "wall_s": round(wall, 1),
+        "before": evals[0]["eval/accuracy"],
+        "after": evals[-1]["eval/accuracy"],
+        "steps": evals[-1]["step"],
+        "logged_timing_s": timing,
+    }
 
 
 def main() -> None:
@@ -45,8 +50,17 @@ def main() -> None:
     args = ap.parse_args()
     runs = [one_run(args.overrides) for _ in range(args.runs)]
     ok = [r["before"] <= 0.50 and r["after"] >= 0.85 and r["wall_s"] <= 300 for r in runs]
-    print(json.dumps({"cpus": os.cpu_count(), "runs": runs, "requirement": "before <= 0.50, after >= 0.85, wall <= 300 s",
-                      "met": all(ok)}, indent=2))
+    print(
+        json.dumps(
+            {
+                "cpus": os.cpu_count(),
+                "runs": runs,
+                "requirement": "before <= 0.50, after >= 0.85, wall <= 300 s",
+                "met": all(ok),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

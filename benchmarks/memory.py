@@ -30,13 +30,27 @@ import tempfile
 import time
 from pathlib import Path
 
-GIB = 1024 ** 3
+GIB = 1024**3
 ROOT = Path(__file__).resolve().parent.parent
 ARCH = {
-    "full": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-                 num_attention_heads=16, num_key_value_heads=8, head_dim=128),
-    "small": dict(vocab_size=151936, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
-                  num_attention_heads=8, num_key_value_heads=4, head_dim=64),
+    "full": dict(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+    ),
+    "small": dict(
+        vocab_size=151936,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+    ),
 }
 PROMPTS, G, PROMPT_TOKENS, COMPLETION_TOKENS = 4, 8, 128, 256
 
@@ -56,8 +70,16 @@ def build_workload(scale: str, folder: Path) -> None:
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
     arch = ARCH[scale]
-    cfg = Qwen3Config(**arch, tie_word_embeddings=True, max_position_embeddings=40960, rope_theta=1_000_000,
-                      rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    cfg = Qwen3Config(
+        **arch,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+        rope_theta=1_000_000,
+        rms_norm_eps=1e-6,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)  # build in bf16: an fp32 1.7B model would be 6.9 GB first
     model = Qwen3ForCausalLM(cfg)
@@ -80,14 +102,30 @@ def build_workload(scale: str, folder: Path) -> None:
 
 def rlvr_overrides(folder: Path, lora: bool, beta: float, mb: int, ckpt: bool, out: Path) -> list[str]:
     ga = PROMPTS * G // mb
-    return [f"model.path={folder / 'model'}", "model.dtype=bfloat16", f"model.lora.enabled={str(lora).lower()}",
-            f"model.gradient_checkpointing={str(ckpt).lower()}", f"data.path={folder / 'prompts.jsonl'}",
-            "rewards=[{name: 'memory:length_reward'}]", f"algo.beta={beta}", "rollout.num_generations=8",
-            f"rollout.max_completion_length={COMPLETION_TOKENS}", f"rollout.max_prompt_length={PROMPT_TOKENS}",
-            f"train.per_device_train_batch_size={mb}", f"train.gradient_accumulation_steps={ga}",
-            "train.max_steps=1", "train.learning_rate=1e-6", "train.memory_check=skip", f"log.output_dir={out}",
-            "log.eval_before_after=false", "log.report_to=[]", "log.progress=false", "log.record_rollouts=false",
-            "data.eval_size=0", "log.logging_steps=1"]
+    return [
+        f"model.path={folder / 'model'}",
+        "model.dtype=bfloat16",
+        f"model.lora.enabled={str(lora).lower()}",
+        f"model.gradient_checkpointing={str(ckpt).lower()}",
+        f"data.path={folder / 'prompts.jsonl'}",
+        "rewards=[{name: 'memory:length_reward'}]",
+        f"algo.beta={beta}",
+        "rollout.num_generations=8",
+        f"rollout.max_completion_length={COMPLETION_TOKENS}",
+        f"rollout.max_prompt_length={PROMPT_TOKENS}",
+        f"train.per_device_train_batch_size={mb}",
+        f"train.gradient_accumulation_steps={ga}",
+        "train.max_steps=1",
+        "train.learning_rate=1e-6",
+        "train.memory_check=skip",
+        f"log.output_dir={out}",
+        "log.eval_before_after=false",
+        "log.report_to=[]",
+        "log.progress=false",
+        "log.record_rollouts=false",
+        "data.eval_size=0",
+        "log.logging_steps=1",
+    ]
 
 
 def run_rlvr(folder: Path, lora: bool, beta: float, mb: int, ckpt: bool) -> dict:
@@ -101,9 +139,12 @@ def run_rlvr(folder: Path, lora: bool, beta: float, mb: int, ckpt: bool) -> dict
     t0 = time.perf_counter()
     train(cfg)
     line = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
-    return {"wall_s": round(time.perf_counter() - t0, 1),
-            "phase_peaks_gib": {k.split("/", 1)[1]: round(v, 2) for k, v in line.items() if k.startswith("memory/")},
-            "plan_peak_gib": round(plan.peak / GIB, 2), "plan": format_plan(plan).splitlines()}
+    return {
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "phase_peaks_gib": {k.split("/", 1)[1]: round(v, 2) for k, v in line.items() if k.startswith("memory/")},
+        "plan_peak_gib": round(plan.peak / GIB, 2),
+        "plan": format_plan(plan).splitlines(),
+    }
 
 
 def run_trl(folder: Path, lora: bool, beta: float, mb: int, ckpt: bool) -> dict:
@@ -113,10 +154,25 @@ def run_trl(folder: Path, lora: bool, beta: float, mb: int, ckpt: bool) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     out = tempfile.mkdtemp(prefix="trl-mem-")
-    args = GRPOConfig(output_dir=out, per_device_train_batch_size=mb, gradient_accumulation_steps=PROMPTS * G // mb,
-                      num_generations=G, max_completion_length=COMPLETION_TOKENS, beta=beta, bf16=True, use_cpu=True,
-                      max_steps=1, learning_rate=1e-6, logging_steps=1, report_to=[], save_strategy="no",
-                      gradient_checkpointing=ckpt, loss_type="dapo", temperature=1.0, dataloader_num_workers=0)
+    args = GRPOConfig(
+        output_dir=out,
+        per_device_train_batch_size=mb,
+        gradient_accumulation_steps=PROMPTS * G // mb,
+        num_generations=G,
+        max_completion_length=COMPLETION_TOKENS,
+        beta=beta,
+        bf16=True,
+        use_cpu=True,
+        max_steps=1,
+        learning_rate=1e-6,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        gradient_checkpointing=ckpt,
+        loss_type="dapo",
+        temperature=1.0,
+        dataloader_num_workers=0,
+    )
     model = AutoModelForCausalLM.from_pretrained(str(folder / "model"), dtype=torch.bfloat16)
     peft_config = None
     if lora:
@@ -126,8 +182,14 @@ def run_trl(folder: Path, lora: bool, beta: float, mb: int, ckpt: bool) -> dict:
     tok = AutoTokenizer.from_pretrained(str(folder / "model"))
     ds = load_dataset("json", data_files=str(folder / "prompts.jsonl"), split="train")
     t0 = time.perf_counter()
-    GRPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=ds, processing_class=tok,
-                peft_config=peft_config).train()
+    GRPOTrainer(
+        model=model,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+        peft_config=peft_config,
+    ).train()
     return {"wall_s": round(time.perf_counter() - t0, 1)}
 
 
@@ -141,8 +203,13 @@ def child(spec: dict) -> None:
     res = fn(Path(spec["folder"]), spec["lora"], spec["beta"], spec["micro_batch"], spec["checkpointing"])
     # rlvr's per-phase meter resets the kernel's peak-RSS counter at each phase start, so getrusage alone
     # would only see the last phase: the peak is the larger of it and the largest phase peak.
-    res["peak_gib"] = round(max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB,
-                                res.get("phase_peaks_gib", {}).get("peak", 0.0)), 2)
+    res["peak_gib"] = round(
+        max(
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB,
+            res.get("phase_peaks_gib", {}).get("peak", 0.0),
+        ),
+        2,
+    )
     if torch.cuda.is_available():
         res["cuda_peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
     Path(spec["result"]).write_text(json.dumps(res))
@@ -198,8 +265,11 @@ def supervise(cmd: list[str], cap: int, timeout: float) -> tuple[str, int, float
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", choices=sorted(ARCH), default="small")
-    ap.add_argument("--configs", default="rlvr-lora-0,rlvr-lora-0.04,rlvr-full-0,rlvr-full-0.04,"
-                                          "trl-lora-0,trl-lora-0.04,trl-full-0,trl-full-0.04")
+    ap.add_argument(
+        "--configs",
+        default="rlvr-lora-0,rlvr-lora-0.04,rlvr-full-0,rlvr-full-0.04,"
+        "trl-lora-0,trl-lora-0.04,trl-full-0,trl-full-0.04",
+    )
     ap.add_argument("--cap-gib", type=float, default=16.0)
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--no-checkpointing", action="store_true")
@@ -214,21 +284,36 @@ def main() -> None:
     folder = Path(a.workdir or Path(tempfile.gettempdir()) / f"rlvr-memory-bench-{a.scale}")
     if not (folder / "prompts.jsonl").exists():
         folder.mkdir(parents=True, exist_ok=True)
-        status, rss, _ = supervise([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
-                                    f"sys.path.insert(0, {str(Path(__file__).parent)!r}); import memory; "
-                                    f"memory.build_workload({a.scale!r}, __import__('pathlib').Path({str(folder)!r}))"],
-                                   int(a.cap_gib * GIB), a.timeout)
+        status, rss, _ = supervise(
+            [
+                sys.executable,
+                "-c",
+                f"import sys; sys.path.insert(0, {str(ROOT)!r}); "
+                f"sys.path.insert(0, {str(Path(__file__).parent)!r}); import memory; "
+                f"memory.build_workload({a.scale!r}, __import__('pathlib').Path({str(folder)!r}))",
+            ],
+            int(a.cap_gib * GIB),
+            a.timeout,
+        )
         if status != "ok":
             raise SystemExit(f"building the workload: {status}")
     results = []
     for name in a.configs.split(","):
         framework, mode, beta = name.split("-", 2)
         result_file = Path(tempfile.mkstemp(suffix=".json")[1])
-        spec = {"framework": framework, "lora": mode == "lora", "beta": float(beta), "folder": str(folder),
-                "micro_batch": a.micro_batch, "checkpointing": not a.no_checkpointing, "threads": a.threads,
-                "result": str(result_file)}
-        status, rss, wall = supervise([sys.executable, __file__, "--child", json.dumps(spec)],
-                                      int(a.cap_gib * GIB), a.timeout)
+        spec = {
+            "framework": framework,
+            "lora": mode == "lora",
+            "beta": float(beta),
+            "folder": str(folder),
+            "micro_batch": a.micro_batch,
+            "checkpointing": not a.no_checkpointing,
+            "threads": a.threads,
+            "result": str(result_file),
+        }
+        status, rss, wall = supervise(
+            [sys.executable, __file__, "--child", json.dumps(spec)], int(a.cap_gib * GIB), a.timeout
+        )
         row = {"config": name, "status": status, "sampled_peak_rss_gib": round(rss / GIB, 2), "wall_s": round(wall, 1)}
         if status == "ok":
             row.update(json.loads(result_file.read_text()))
@@ -242,14 +327,27 @@ def main() -> None:
         print(json.dumps(row), file=sys.stderr, flush=True)
     by = {r["config"]: r for r in results}
     for r in results:
-        other = by.get(("trl" if r["config"].startswith("rlvr") else "rlvr") + r["config"][r["config"].index("-"):])
+        other = by.get(("trl" if r["config"].startswith("rlvr") else "rlvr") + r["config"][r["config"].index("-") :])
         if r["config"].startswith("rlvr") and other and "peak_gib" in r and "peak_gib" in other:
             r["rlvr_over_trl"] = round(r["peak_gib"] / other["peak_gib"], 3)
-    print(json.dumps({"scale": a.scale, "arch": ARCH[a.scale], "prompts": PROMPTS, "G": G,
-                      "prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS,
-                      "micro_batch": a.micro_batch, "checkpointing": not a.no_checkpointing,
-                      "cap_gib": a.cap_gib, "machine": {"cpus": os.cpu_count(), "note": "shared with other jobs"},
-                      "results": results}, indent=2))
+    print(
+        json.dumps(
+            {
+                "scale": a.scale,
+                "arch": ARCH[a.scale],
+                "prompts": PROMPTS,
+                "G": G,
+                "prompt_tokens": PROMPT_TOKENS,
+                "completion_tokens": COMPLETION_TOKENS,
+                "micro_batch": a.micro_batch,
+                "checkpointing": not a.no_checkpointing,
+                "cap_gib": a.cap_gib,
+                "machine": {"cpus": os.cpu_count(), "note": "shared with other jobs"},
+                "results": results,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -38,15 +38,23 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=10)
     args = parser.parse_args()
     cases = {name: (make, name, name != "test_tampering") for name, make in HACKING_POLICIES.items()}
-    for style, checker in (("two", lenient_numbers_checker), ("concat", answer_in_tail),
-                           ("three", lenient_numbers_checker)):
+    for style, checker in (
+        ("two", lenient_numbers_checker),
+        ("concat", answer_in_tail),
+        ("three", lenient_numbers_checker),
+    ):
         cases[f"answer_spraying/{style}"] = (
-            lambda style=style, checker=checker: Policy(p_correct=const(0.3), p_spray=switch(0.0, 0.5, ONSET),
-                                                        spray_style=style, checker=checker),
-            "answer_spraying", True)
+            lambda style=style, checker=checker: Policy(
+                p_correct=const(0.3), p_spray=switch(0.0, 0.5, ONSET), spray_style=style, checker=checker
+            ),
+            "answer_spraying",
+            True,
+        )
     cases["answer_spraying/20%"] = (
         lambda: Policy(lenient_checker=True, p_correct=const(0.3), p_spray=switch(0.0, 0.2, ONSET)),
-        "answer_spraying", True)
+        "answer_spraying",
+        True,
+    )
     out: dict = {"onset": ONSET, "delays": {}}
     for label, (make, monitor, plain) in cases.items():
         delays = []

@@ -35,8 +35,16 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     out = Path(args.output_dir or tempfile.mkdtemp(prefix="rlvr-real-"))
-    cmd = [sys.executable, "-m", "rlvr.cli", "train", args.config, f"log.output_dir={out}", "log.progress=false",
-           *args.overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlvr.cli",
+        "train",
+        args.config,
+        f"log.output_dir={out}",
+        "log.progress=false",
+        *args.overrides,
+    ]
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
@@ -49,22 +57,37 @@ def main() -> None:
     lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     evals = [m for m in lines if "eval/accuracy" in m]
     steps = [m for m in lines if "eval/accuracy" not in m]
-    timing = {k.removeprefix("timing/"): round(sum(s.get(k, 0.0) for s in steps), 1)
-              for k in steps[-1] if k.startswith("timing/")}
+    timing = {
+        k.removeprefix("timing/"): round(sum(s.get(k, 0.0) for s in steps), 1)
+        for k in steps[-1]
+        if k.startswith("timing/")
+    }
     completion_tokens = sum(s.get("num_tokens", 0.0) for s in steps)
     fired = sorted({k for s in steps for k, v in s.items() if k.startswith("hacking/") and k.endswith("/fired") and v})
     before, after = evals[0]["eval/accuracy"], evals[-1]["eval/accuracy"]
     result = {
-        "config": args.config, "overrides": args.overrides, "run_dir": str(out), "cpus": os.cpu_count(),
-        "load_average_before": [round(x, 2) for x in load_before], "load_average_after": [round(x, 2) for x in load_after],
-        "wall_s": round(wall, 1), "steps": steps[-1]["step"],
+        "config": args.config,
+        "overrides": args.overrides,
+        "run_dir": str(out),
+        "cpus": os.cpu_count(),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in load_after],
+        "wall_s": round(wall, 1),
+        "steps": steps[-1]["step"],
         # CPU seconds the run got: on an idle 2-core machine cpu_s / wall_s approaches the threads used;
         # far below 1 means other processes held the cores.
-        "cpu_s": round(cpu, 1), "cpu_share": round(cpu / wall, 2),
-        "before": before, "after": after, "gain_points": round(100 * (after - before), 1),
+        "cpu_s": round(cpu, 1),
+        "cpu_share": round(cpu / wall, 2),
+        "before": before,
+        "after": after,
+        "gain_points": round(100 * (after - before), 1),
         # One point per step: the periodic evaluation and the final one coincide at the last step.
-        "curve": list({m["step"]: {"step": m["step"], "accuracy": m["eval/accuracy"],
-                                   "mean_length": m.get("eval/mean_length")} for m in evals}.values()),
+        "curve": list(
+            {
+                m["step"]: {"step": m["step"], "accuracy": m["eval/accuracy"], "mean_length": m.get("eval/mean_length")}
+                for m in evals
+            }.values()
+        ),
         "train_reward": [round(s["reward"], 3) for s in steps if "reward" in s],
         "phase_seconds": timing,
         "completion_tokens": completion_tokens,

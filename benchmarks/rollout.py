@@ -69,9 +69,7 @@ def char_tokenizer():
     return toy_tokenizer(CHARS + "%&'\"@^_|~\\\n", specials=("<pad>", "<eos>", "<unk>", "<never>"))
 
 
-def build_model(
-    name: str, tok, dtype: torch.dtype, device: str, keep_eos: bool = False
-):
+def build_model(name: str, tok, dtype: torch.dtype, device: str, keep_eos: bool = False):
     """``tiny``: the shipped tiny model (rlvr/models/tiny-arith) when it is there, else ``llama-3m``.
     ``llama-3m``: a ~3.2M Llama (hidden 256, 4 layers, 4 heads, char vocabulary).
     ``llama-25m``: hidden 512, 8 layers.
@@ -100,12 +98,32 @@ def build_model(
         model, tok, source = shipped
         return model.to(device=device, dtype=dtype), tok, source
     if name in ("tiny", "llama-3m"):
-        model = toy_model("llama", len(tok), seed=None, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256, **llama_defaults)
+        model = toy_model(
+            "llama",
+            len(tok),
+            seed=None,
+            hidden_size=256,
+            intermediate_size=688,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=256,
+            **llama_defaults,
+        )
         source = "llama-3m stand-in" if name == "tiny" else "LlamaConfig"
     elif name == "llama-25m":
-        model = toy_model("llama", len(tok), seed=None, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
-                          num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=256, **llama_defaults)
+        model = toy_model(
+            "llama",
+            len(tok),
+            seed=None,
+            hidden_size=512,
+            intermediate_size=1376,
+            num_hidden_layers=8,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            max_position_embeddings=256,
+            **llama_defaults,
+        )
         source = "LlamaConfig"
     elif name == "qwen2.5-0.5b":
         # Qwen2.5-0.5B's published config.json, typed out (no hub access on these machines).
@@ -123,9 +141,7 @@ def build_model(
         )
         model, source = Qwen2ForCausalLM(cfg), "Qwen2.5-0.5B config, random weights"
     else:
-        raise SystemExit(
-            f"unknown model {name!r}; choose tiny, llama-3m, llama-25m or qwen2.5-0.5b"
-        )
+        raise SystemExit(f"unknown model {name!r}; choose tiny, llama-3m, llama-25m or qwen2.5-0.5b")
     # An id no model emits: fixed-length completions, the same work for every engine.
     model.generation_config.eos_token_id = NEVER_EOS
     model.generation_config.pad_token_id = tok.pad_token_id
@@ -154,9 +170,7 @@ def _shipped_tiny(keep_eos: bool):
     )
 
 
-def matmul_flops(
-    dtype: torch.dtype, device: str, size: int = 2048, reps: int = 10
-) -> float:
+def matmul_flops(dtype: torch.dtype, device: str, size: int = 2048, reps: int = 10) -> float:
     a = torch.randn(size, size, dtype=dtype, device=device)
     b = torch.randn(size, size, dtype=dtype, device=device)
     for _ in range(2):
@@ -178,9 +192,7 @@ def matmul_params(model) -> int:
     emb = model.get_input_embeddings().weight
     total = sum(p.numel() for p in model.parameters())
     tied = model.get_output_embeddings().weight is emb
-    return total - (
-        0 if tied else emb.numel()
-    )  # a tied table still does the lm_head matmul
+    return total - (0 if tied else emb.numel())  # a tied table still does the lm_head matmul
 
 
 def bench_model(name: str, args) -> dict:
@@ -206,10 +218,7 @@ def bench_model(name: str, args) -> dict:
         # task, where a prompt is tens to hundreds of tokens, not the tiny task's six characters.
         low = 16 if name != "qwen2.5-0.5b" else 0
         high = min(len(tok), 150000) if name != "qwen2.5-0.5b" else 150000
-        prompts = [
-            torch.randint(low, high, (prompt_len,), generator=rng).tolist()
-            for _ in range(args.prompts)
-        ]
+        prompts = [torch.randint(low, high, (prompt_len,), generator=rng).tolist() for _ in range(args.prompts)]
     sampling = SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=0)
     engines = {}
     for e in args.engines:
@@ -278,11 +287,7 @@ def bench_model(name: str, args) -> dict:
             "tokens_per_s": tps,
             "tokens_per_s_best": best,
             "matmul_bound_fraction": 2 * n_params * tps / flops,
-            **(
-                {"decoder": engine.last_decoder}
-                if hasattr(engine, "last_decoder")
-                else {}
-            ),
+            **({"decoder": engine.last_decoder} if hasattr(engine, "last_decoder") else {}),
             **({"peak_memory_bytes": peak[e]} if e in peak else {}),
         }
     if "native" in engines:
@@ -292,20 +297,16 @@ def bench_model(name: str, args) -> dict:
         for e in engines:
             if e != "hf":
                 result[f"speedup_{e}_vs_hf"] = (
-                    result["engines"][e]["tokens_per_s"]
-                    / result["engines"]["hf"]["tokens_per_s"]
+                    result["engines"][e]["tokens_per_s"] / result["engines"]["hf"]["tokens_per_s"]
                 )
                 result[f"speedup_{e}_vs_hf_best"] = (
-                    result["engines"][e]["tokens_per_s_best"]
-                    / result["engines"]["hf"]["tokens_per_s_best"]
+                    result["engines"][e]["tokens_per_s_best"] / result["engines"]["hf"]["tokens_per_s_best"]
                 )
         hf_runs = [m for e, m in result["engines"].items() if e.startswith("hf")]
         best_hf = max(m["tokens_per_s"] for m in hf_runs)
         for e in engines:
             if e.startswith("native"):
-                result[f"speedup_{e}_vs_best_hf"] = (
-                    result["engines"][e]["tokens_per_s"] / best_hf
-                )
+                result[f"speedup_{e}_vs_best_hf"] = result["engines"][e]["tokens_per_s"] / best_hf
     if "vllm" in engines and "native" in engines:
         result["speedup_native_vs_vllm"] = (
             result["engines"]["native"]["tokens_per_s"] / result["engines"]["vllm"]["tokens_per_s"]
@@ -325,9 +326,7 @@ def vllm_options(model, tok, args, max_len: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="tiny,llama-25m")
     p.add_argument(
         "--engines",

@@ -24,11 +24,26 @@ def records(n: int, kind: str, rng: random.Random) -> list[dict]:
         gold = a + b
         guess = gold if rng.random() < 0.3 else gold + rng.choice([-10, -1, 1, 100])
         text = str(guess) if kind == "arithmetic" else f"We add {a} and {b}. The answer is \\boxed{{{guess}}}."
-        out.append({"step": 0, "prompt_id": f"p{i // 8}", "group": i // 8, "index": i % 8, "prompt": f"{a}+{b}=",
-                    "completion": text, "n_tokens": len(text), "finish_reason": "stop", "truncated": False,
-                    "rewards": {"lenient": float(str(gold) in text)}, "reward": float(str(gold) in text),
-                    "advantage": 0.0, "correct": None, "verdict": None, "data_source": kind,
-                    "columns": {"answer": str(gold)}})
+        out.append(
+            {
+                "step": 0,
+                "prompt_id": f"p{i // 8}",
+                "group": i // 8,
+                "index": i % 8,
+                "prompt": f"{a}+{b}=",
+                "completion": text,
+                "n_tokens": len(text),
+                "finish_reason": "stop",
+                "truncated": False,
+                "rewards": {"lenient": float(str(gold) in text)},
+                "reward": float(str(gold) in text),
+                "advantage": 0.0,
+                "correct": None,
+                "verdict": None,
+                "data_source": kind,
+                "columns": {"answer": str(gold)},
+            }
+        )
     return out
 
 
@@ -55,8 +70,9 @@ def main() -> None:
         for label, shadow in (("with_shadow", grader), ("without_shadow", None)):
             times = []
             for _ in range(args.repeats):
-                diag = Diagnostics(None, 8, ["lenient"], [1.0], {"lenient": "correctness"}, console=lambda m: None,
-                                   shadow=shadow)
+                diag = Diagnostics(
+                    None, 8, ["lenient"], [1.0], {"lenient": "correctness"}, console=lambda m: None, shadow=shadow
+                )
                 t = time.perf_counter()
                 diag.observe(0, recs)
                 times.append(time.perf_counter() - t)

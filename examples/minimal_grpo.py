@@ -57,9 +57,21 @@ REWARD_FUNCS, REWARD_WEIGHTS = [right_digit, exact_answer], [0.5, 0.5]
 
 def build_policy(seed: int) -> LlamaForCausalLM:
     # rlvr's toy-model factory: a transformers LlamaForCausalLM from a config, random weights.
-    return toy_model("llama", len(VOCAB), seed=seed, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32, bos_token_id=BOS,
-                     eos_token_id=EOS, pad_token_id=PAD, tie_word_embeddings=True)
+    return toy_model(
+        "llama",
+        len(VOCAB),
+        seed=seed,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=32,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+        tie_word_embeddings=True,
+    )
 
 
 @torch.no_grad()

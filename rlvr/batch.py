@@ -42,8 +42,9 @@ class Rollouts:
         self.verdicts += other.verdicts
         self.policy_lag = max(self.policy_lag, other.policy_lag)
         if other.rewards_NK is not None:
-            self.rewards_NK = (other.rewards_NK if self.rewards_NK is None
-                               else torch.cat([self.rewards_NK, other.rewards_NK]))
+            self.rewards_NK = (
+                other.rewards_NK if self.rewards_NK is None else torch.cat([self.rewards_NK, other.rewards_NK])
+            )
 
     def select_groups(self, keep_B: list[int]) -> "Rollouts":
         g = self.group_size
@@ -88,8 +89,12 @@ class PackedBatch:
 
     def rows(self, idx: slice) -> "PackedBatch":
         return PackedBatch(
-            self.input_ids_NL[idx], self.attention_mask_NL[idx], self.position_ids_NL[idx],
-            self.completion_ids_NT[idx], self.mask_NT[idx], self.prompt_len,
+            self.input_ids_NL[idx],
+            self.attention_mask_NL[idx],
+            self.position_ids_NL[idx],
+            self.completion_ids_NT[idx],
+            self.mask_NT[idx],
+            self.prompt_len,
             None if self.sampler_logp_NT is None else self.sampler_logp_NT[idx],
         )
 
@@ -119,11 +124,11 @@ def pack(rollouts: Rollouts, pad_token_id: int, device: torch.device) -> PackedB
     any_logp = any(c.logprobs is not None for c in rollouts.completions)
     sampler_NT = torch.zeros((n, T), dtype=torch.float32) if any_logp else None
     for i, (p, c) in enumerate(zip(prompts, comps)):
-        ids_NL[i, P - len(p): P] = torch.tensor(p, dtype=torch.long)  # prompt left-padded
-        attn_NL[i, P - len(p): P] = 1
+        ids_NL[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)  # prompt left-padded
+        attn_NL[i, P - len(p) : P] = 1
         if c:
-            ids_NL[i, P: P + len(c)] = torch.tensor(c, dtype=torch.long)  # completion right-padded
-            attn_NL[i, P: P + len(c)] = 1
+            ids_NL[i, P : P + len(c)] = torch.tensor(c, dtype=torch.long)  # completion right-padded
+            attn_NL[i, P : P + len(c)] = 1
             mask_NT[i, : len(c)] = 1.0
         if sampler_NT is not None and rollouts.completions[i].logprobs is None:
             sampler_NT[i] = float("nan")
@@ -133,8 +138,13 @@ def pack(rollouts: Rollouts, pad_token_id: int, device: torch.device) -> PackedB
     # rotary positions in training as when it was sampled, or trainer and sampler log-probs drift.
     pos_NL = (attn_NL.cumsum(-1) - 1).clamp(min=0)
     return PackedBatch(
-        ids_NL.to(device), attn_NL.to(device), pos_NL.to(device), ids_NL[:, P:].to(device),
-        mask_NT.to(device), P, None if sampler_NT is None else sampler_NT.to(device),
+        ids_NL.to(device),
+        attn_NL.to(device),
+        pos_NL.to(device),
+        ids_NL[:, P:].to(device),
+        mask_NT.to(device),
+        P,
+        None if sampler_NT is None else sampler_NT.to(device),
     )
 
 
@@ -176,15 +186,24 @@ def completion_records(batch: Rollouts, reward_fns: list, adv_N: torch.Tensor, s
     for i, c in enumerate(batch.completions):
         row, rw = batch.rows[i // g], batch.rewards_NK[i].tolist()
         v = batch.verdicts[i] if batch.verdicts else None
-        out.append({
-            "step": step, "prompt_id": str(row.get("prompt_id", i // g)), "group": i // g, "index": i % g,
-            "prompt": row["prompt"] if isinstance(row["prompt"], str) else str(row["prompt"]),
-            "completion": c.text, "n_tokens": len(c.token_ids), "finish_reason": c.finish_reason,
-            "truncated": c.truncated,
-            "rewards": {rf.name: (None if math.isnan(x) else x) for rf, x in zip(reward_fns, rw)},
-            "reward": None if math.isnan(total_N[i]) else total_N[i],
-            "advantage": float(adv_N[i]), "correct": None if v is None else bool(v.correct),
-            "verdict": None if v is None else v.to_dict(), "data_source": row.get("data_source"),
-            "columns": {k: val for k, val in row.items() if k not in ("prompt", "prompt_id", "data_source")},
-        })
+        out.append(
+            {
+                "step": step,
+                "prompt_id": str(row.get("prompt_id", i // g)),
+                "group": i // g,
+                "index": i % g,
+                "prompt": row["prompt"] if isinstance(row["prompt"], str) else str(row["prompt"]),
+                "completion": c.text,
+                "n_tokens": len(c.token_ids),
+                "finish_reason": c.finish_reason,
+                "truncated": c.truncated,
+                "rewards": {rf.name: (None if math.isnan(x) else x) for rf, x in zip(reward_fns, rw)},
+                "reward": None if math.isnan(total_N[i]) else total_N[i],
+                "advantage": float(adv_N[i]),
+                "correct": None if v is None else bool(v.correct),
+                "verdict": None if v is None else v.to_dict(),
+                "data_source": row.get("data_source"),
+                "columns": {k: val for k, val in row.items() if k not in ("prompt", "prompt_id", "data_source")},
+            }
+        )
     return out

@@ -79,8 +79,16 @@ def load_model(cfg: Config, device: torch.device, trainable: bool = True) -> tor
         from peft import LoraConfig, get_peft_model
 
         lc = cfg.model.lora
-        model = get_peft_model(model, LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout,
-                                                 target_modules=lc.target_modules, task_type="CAUSAL_LM"))
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=lc.r,
+                lora_alpha=lc.alpha,
+                lora_dropout=lc.dropout,
+                target_modules=lc.target_modules,
+                task_type="CAUSAL_LM",
+            ),
+        )
     model.train()
     return model
 
@@ -88,14 +96,16 @@ def load_model(cfg: Config, device: torch.device, trainable: bool = True) -> tor
 def build_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
     t = cfg.train
     params = [p for p in model.parameters() if p.requires_grad]
-    kwargs = dict(lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_epsilon,
-                  weight_decay=t.weight_decay)
+    kwargs = dict(
+        lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_epsilon, weight_decay=t.weight_decay
+    )
     if t.optim == "adamw_torch_8bit":  # 8-bit moments: 2 bytes/parameter of Adam state instead of 4 (bf16) or 8
         try:
             from torchao.optim import AdamW8bit
         except ImportError:
-            raise ImportError("train.optim=adamw_torch_8bit needs torchao: `pip install torchao`, "
-                              "or set train.optim=adamw_torch") from None
+            raise ImportError(
+                "train.optim=adamw_torch_8bit needs torchao: `pip install torchao`, or set train.optim=adamw_torch"
+            ) from None
         return AdamW8bit(params, **kwargs)
     return torch.optim.AdamW(params, **kwargs)
 
@@ -121,10 +131,18 @@ def build_scheduler(cfg: Config, optimizer: torch.optim.Optimizer) -> torch.opti
 def build_loss_settings(algo: AlgoConfig) -> core.LossSettings:
     """The config's loss choices as ``rlvr.core``'s plain settings (core takes no config objects)."""
     return core.LossSettings(
-        loss_type=algo.loss_type, beta=algo.beta, epsilon=algo.epsilon, epsilon_high=algo.epsilon_high,
-        delta=algo.delta, importance_sampling_level=algo.importance_sampling_level, kl_estimator=algo.kl_estimator,
-        kl_bias_correction=algo.use_bias_correction_kl, sapo_temperature_pos=algo.sapo_temperature_pos,
-        sapo_temperature_neg=algo.sapo_temperature_neg, top_entropy_quantile=algo.top_entropy_quantile)
+        loss_type=algo.loss_type,
+        beta=algo.beta,
+        epsilon=algo.epsilon,
+        epsilon_high=algo.epsilon_high,
+        delta=algo.delta,
+        importance_sampling_level=algo.importance_sampling_level,
+        kl_estimator=algo.kl_estimator,
+        kl_bias_correction=algo.use_bias_correction_kl,
+        sapo_temperature_pos=algo.sapo_temperature_pos,
+        sapo_temperature_neg=algo.sapo_temperature_neg,
+        top_entropy_quantile=algo.top_entropy_quantile,
+    )
 
 
 def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, run_dir: Path) -> Any:
@@ -136,8 +154,9 @@ def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, run_dir: P
         options.setdefault("export_dir", str(run_dir / "policy-exports"))  # a reloading server's policy exports
         Path(options["export_dir"]).mkdir(parents=True, exist_ok=True)
     engine = make_engine(cfg.rollout.backend, model, tokenizer, **options)
-    stale = stale_sampler_problem(cfg.rollout.backend, options, cfg.rollout.allow_stale_sampler,
-                                  receives_weights=engine.receives_weights)  # options may have changed it
+    stale = stale_sampler_problem(
+        cfg.rollout.backend, options, cfg.rollout.allow_stale_sampler, receives_weights=engine.receives_weights
+    )  # options may have changed it
     if stale:
         raise ValueError(stale)
     return engine

@@ -142,8 +142,9 @@ def _save_checkpoint(
     model_sd = _trainable_state(model, model_sd)
     # Collective: every rank writes its shards; rank 0 writes .metadata once all have reported.
     with _single_process_is_intended():
-        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp / "dcp",
-                 no_dist=not dist.is_initialized())
+        dcp.save(
+            {"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp / "dcp", no_dist=not dist.is_initialized()
+        )
     torch.save(_rng_state(), tmp / f"rng-rank{rank}.pt")
     (tmp / f"rank-state{rank}.json").write_text(json.dumps(rank_state or {}))
     if rank != 0:
@@ -184,7 +185,11 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
 
 
 def load_checkpoint(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int = 0,
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    rank: int = 0,
     world: int = 1,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Restore everything save_checkpoint wrote, resharded to this run's layout; returns (the shared JSON
@@ -192,11 +197,18 @@ def load_checkpoint(
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    missing = [f for f in ("dcp", "scheduler.pt", "rng-rank0.pt", "rank-state0.json", "state.json")
-               if not (path / f).exists()]
+    missing = [
+        f for f in ("dcp", "scheduler.pt", "rng-rank0.pt", "rank-state0.json", "state.json") if not (path / f).exists()
+    ]
     if missing:
-        hint = (" (it is in the older single-file layout, trainable.safetensors: resume it with the rlvr that "
-                "wrote it, or start a new run from its weights)") if (path / "trainable.safetensors").exists() else ""
+        hint = (
+            (
+                " (it is in the older single-file layout, trainable.safetensors: resume it with the rlvr that "
+                "wrote it, or start a new run from its weights)"
+            )
+            if (path / "trainable.safetensors").exists()
+            else ""
+        )
         raise FileNotFoundError(f"checkpoint {path} is incomplete (missing {', '.join(missing)}){hint}; pick another")
     state = json.loads((path / "state.json").read_text())
     saved_world = state.get("world_size", 1)
@@ -208,14 +220,21 @@ def load_checkpoint(
         dcp.load(target, checkpoint_id=path / "dcp", no_dist=not dist.is_initialized())
     # Frozen weights (a LoRA base) are not in the checkpoint: load non-strictly, then require that nothing
     # but those is missing.
-    result = set_state_dict(model, optimizer, model_state_dict=target["model"], optim_state_dict=target["optimizer"],
-                            options=_state_dict_options(model, strict=False))
+    result = set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=target["model"],
+        optim_state_dict=target["optimizer"],
+        options=_state_dict_options(model, strict=False),
+    )
     frozen = _frozen_names(model)
     missing = [k for k in result.missing_keys if k not in frozen]
     unexpected = list(result.unexpected_keys)
     if missing or unexpected:
-        raise KeyError(f"checkpoint {path} does not match the model (missing {missing[:3]}, unexpected "
-                       f"{unexpected[:3]}): wrong model.path, or another LoRA setting?")
+        raise KeyError(
+            f"checkpoint {path} does not match the model (missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}): wrong model.path, or another LoRA setting?"
+        )
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
     if saved_world == world:
         _set_rng_state(torch.load(path / f"rng-rank{rank}.pt", weights_only=False))
@@ -240,24 +259,35 @@ def resplit(saved: list[dict[str, Any]], rank: int, world: int) -> dict[str, Any
     Reward-error counters are totals over ranks, so rank 0 carries the sum and new ranks start at 0.
     """
     old_world = len(saved)
-    start = max((r + old_world * (s["stream"]["position"] - 1) + 1 + s["stream"].get("offset", 0)
-                 for r, s in enumerate(saved) if s["stream"]["position"] > 0), default=0)
+    start = max(
+        (
+            r + old_world * (s["stream"]["position"] - 1) + 1 + s["stream"].get("offset", 0)
+            for r, s in enumerate(saved)
+            if s["stream"]["position"] > 0
+        ),
+        default=0,
+    )
     filters = [s["group_filter"] for s in saved if s.get("group_filter") is not None]  # None: DAPO was off
     group_filter = None
     if filters:
         history: dict[str, list] = {}
         for f in filters:
             history.update(f["history"])
-        group_filter = {"history": history, "draws": max(f["draws"] for f in filters),
-                        "warned_short": any(f["warned_short"] for f in filters)}
+        group_filter = {
+            "history": history,
+            "draws": max(f["draws"] for f in filters),
+            "warned_short": any(f["warned_short"] for f in filters),
+        }
     errors: dict[str, int] = {}
     for s in saved:
         for k, v in s["reward_errors"].items():
             errors[k] = errors.get(k, 0) + v
-    return {"generation": max(s["generation"] for s in saved),
-            "stream": {"position": 0, "offset": start},
-            "group_filter": group_filter,
-            "reward_errors": errors if rank == 0 else {}}
+    return {
+        "generation": max(s["generation"] for s in saved),
+        "stream": {"position": 0, "offset": start},
+        "group_filter": group_filter,
+        "reward_errors": errors if rank == 0 else {},
+    }
 
 
 def save_final(final_dir: Path, model: torch.nn.Module, tokenizer: Any, d: distributed.Dist) -> None:
@@ -276,8 +306,9 @@ def save_final(final_dir: Path, model: torch.nn.Module, tokenizer: Any, d: distr
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         dtype = fsdp.compute_dtype(model)
         # A tied weight (lm_head = embed_tokens) is gathered under both names; save_pretrained keeps one.
-        aliases = ({n for n, _ in model.named_parameters(remove_duplicate=False)}
-                   - {n for n, _ in model.named_parameters()})
+        aliases = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {
+            n for n, _ in model.named_parameters()
+        }
         full = {k: v.to(dtype) if v.is_floating_point() else v for k, v in full.items() if k not in aliases}
     if d.is_main:
         model.save_pretrained(final_dir, **({} if full is None else {"state_dict": full}))
@@ -296,11 +327,24 @@ def save_final(final_dir: Path, model: torch.nn.Module, tokenizer: Any, d: distr
 def save_run(run: Any) -> Path:
     """Every rank calls this: its data position, counters and RNG go into the checkpoint beside rank 0's."""
     state = {"step": run.step, "engine_version": run.engine_version, "diagnostics": run.diagnostics.state_dict()}
-    rank_state = {"generation": run.generation, "stream": run.stream.state_dict(), "reward_errors": run.reward_errors,
-                  "group_filter": None if run.group_filter is None else run.group_filter.state_dict()}
-    return save_checkpoint(run.run_dir / "checkpoints", run.step, run.model, run.optimizer, run.scheduler,
-                           state, keep=run.cfg.log.save_total_limit, rank_state=rank_state,
-                           rank=run.dist.rank, world=run.dist.world)
+    rank_state = {
+        "generation": run.generation,
+        "stream": run.stream.state_dict(),
+        "reward_errors": run.reward_errors,
+        "group_filter": None if run.group_filter is None else run.group_filter.state_dict(),
+    }
+    return save_checkpoint(
+        run.run_dir / "checkpoints",
+        run.step,
+        run.model,
+        run.optimizer,
+        run.scheduler,
+        state,
+        keep=run.cfg.log.save_total_limit,
+        rank_state=rank_state,
+        rank=run.dist.rank,
+        world=run.dist.world,
+    )
 
 
 def resume_run(run: Any) -> Path | None:

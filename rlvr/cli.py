@@ -12,9 +12,13 @@ import typer
 
 from rlvr.config import ConfigError, describe_options, dump_config, load_config
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
-                  context_settings={"help_option_names": ["-h", "--help"]},
-                  help="Reinforcement learning from verifiable rewards: GRPO, DAPO, Dr. GRPO, GSPO, CISPO, SAPO.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Reinforcement learning from verifiable rewards: GRPO, DAPO, Dr. GRPO, GSPO, CISPO, SAPO.",
+)
 
 
 def _version(value: bool) -> None:
@@ -26,8 +30,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _main(version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
-                                       help="Print rlvr's version and exit.")) -> None:
+def _main(
+    version: bool = typer.Option(
+        False, "--version", "-V", callback=_version, is_eager=True, help="Print rlvr's version and exit."
+    ),
+) -> None:
     """Reinforcement learning from verifiable rewards: GRPO, DAPO, Dr. GRPO, GSPO, CISPO, SAPO."""
 
 
@@ -70,8 +77,9 @@ TRAIN_HELP = (
 )
 
 
-@app.command("train", help=TRAIN_HELP + describe_options().replace("\n", "\n\n"),
-             context_settings={"allow_extra_args": False})
+@app.command(
+    "train", help=TRAIN_HELP + describe_options().replace("\n", "\n\n"), context_settings={"allow_extra_args": False}
+)
 def train_cmd(args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value ...]")) -> None:
     path, overrides = _split_args(list(args or []))
     try:
@@ -87,11 +95,13 @@ def train_cmd(args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yam
 @app.command("plan")
 def plan_cmd(
     args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yaml] [key=value ...]"),
-    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="Prompt length to plan for "
-                                                "(default: rollout.max_prompt_length, else 256)."),
+    prompt_tokens: Optional[int] = typer.Option(
+        None, "--prompt-tokens", help="Prompt length to plan for (default: rollout.max_prompt_length, else 256)."
+    ),
     device: Optional[str] = typer.Option(None, help="cpu or cuda (default: cuda when available)."),
-    memory_gib: Optional[float] = typer.Option(None, "--memory-gib", help="Plan against this much memory instead "
-                                               "of the device's free memory."),
+    memory_gib: Optional[float] = typer.Option(
+        None, "--memory-gib", help="Plan against this much memory instead of the device's free memory."
+    ),
 ) -> None:
     """Estimate a run's peak memory per phase from the config and the model's config.json (no weights loaded)."""
     import torch
@@ -141,8 +151,11 @@ def eval_cmd(
     temperature: float = typer.Option(1.0, help="Sampling temperature for pass@k."),
     max_tokens: Optional[int] = typer.Option(None, help="Max completion tokens (default: the run's)."),
     backend: str = typer.Option("native", help="Rollout engine."),
-    config: Optional[str] = typer.Option(None, help="A run config (path or configs/ name): its task, prompt "
-                                         "template, chat and rewards, for a model that is not a run folder."),
+    config: Optional[str] = typer.Option(
+        None,
+        help="A run config (path or configs/ name): its task, prompt "
+        "template, chat and rewards, for a model that is not a run folder.",
+    ),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="key=value override of that config (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -156,13 +169,29 @@ def eval_cmd(
         from rlvr.evaluate import evaluate, resolve_eval
 
         setup = resolve_eval(model, task, data, reward, n_prompts, max_tokens, backend, config, list(set_ or []))
-        out = {"greedy": evaluate(setup.engine, setup.tokenizer, setup.rows, setup.reward_fns,
-                                  max_tokens=setup.max_tokens, stop=setup.stop)}
+        out = {
+            "greedy": evaluate(
+                setup.engine,
+                setup.tokenizer,
+                setup.rows,
+                setup.reward_fns,
+                max_tokens=setup.max_tokens,
+                stop=setup.stop,
+            )
+        }
         if samples > 0:
             ks = tuple(k for k in (1, 2, 4, 8, 16, 32, 64) if k <= samples)
-            out["sampled"] = evaluate(setup.engine, setup.tokenizer, setup.rows, setup.reward_fns,
-                                      max_tokens=setup.max_tokens, n=samples, temperature=temperature, ks=ks,
-                                      stop=setup.stop)
+            out["sampled"] = evaluate(
+                setup.engine,
+                setup.tokenizer,
+                setup.rows,
+                setup.reward_fns,
+                max_tokens=setup.max_tokens,
+                n=samples,
+                temperature=temperature,
+                ks=ks,
+                stop=setup.stop,
+            )
     from rlvr.evaluate import correctness_rule
 
     out["model"], out["prompts"] = setup.model_path, len(setup.rows)

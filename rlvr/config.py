@@ -34,14 +34,16 @@ def registered_choices(field: str) -> tuple[str, ...]:
     registering a new estimator or mode there makes it valid here, with no config edit."""
     from rlvr import core
 
-    return tuple({
-        "loss_type": core.loss_type_names(),
-        "importance_sampling_level": core.IMPORTANCE_SAMPLING_LEVELS,
-        "scale_rewards": core.SCALE_REWARDS,
-        "advantage_estimator": core.ADVANTAGE_ESTIMATORS.names(),
-        "kl_estimator": core.KL_ESTIMATORS.names(),
-        "sampler_importance_sampling_mode": core.SAMPLER_IS_MODES,
-    }[field])
+    return tuple(
+        {
+            "loss_type": core.loss_type_names(),
+            "importance_sampling_level": core.IMPORTANCE_SAMPLING_LEVELS,
+            "scale_rewards": core.SCALE_REWARDS,
+            "advantage_estimator": core.ADVANTAGE_ESTIMATORS.names(),
+            "kl_estimator": core.KL_ESTIMATORS.names(),
+            "sampler_importance_sampling_mode": core.SAMPLER_IS_MODES,
+        }[field]
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -93,38 +95,47 @@ class DataConfig(_Section):
         "a GSM8K-format file. Every column besides the prompt is passed to the reward functions.",
     )
     format: Literal["auto", "jsonl", "json", "csv", "parquet", "datasets", "gsm8k"] = Field(
-        "auto", description="File format; 'auto' infers it from the name. 'gsm8k' reads question/answer rows "
-        "and keeps the final answer after '####' as the gold."
+        "auto",
+        description="File format; 'auto' infers it from the name. 'gsm8k' reads question/answer rows "
+        "and keeps the final answer after '####' as the gold.",
     )
     split: str | None = Field(None, description="Split to read from a `datasets` folder.")
     prompt_template: str | None = Field(
-        None, description="Rewrite each prompt with a Python format string over the row's columns, e.g. "
-        "'{prompt}\\nPut your final answer within \\\\boxed{{}}.'"
+        None,
+        description="Rewrite each prompt with a Python format string over the row's columns, e.g. "
+        "'{prompt}\\nPut your final answer within \\\\boxed{{}}.'",
     )
     system_prompt: str | None = Field(None, description="Make prompts chat messages with this system message.")
     chat: bool = Field(False, description="Send plain-text prompts as a user chat message (chat template applied).")
     prompt_column: str = Field("prompt", description="Column that holds the prompt (text or chat messages).")
     answer_column: str | None = Field(None, description="Column holding the gold answer, renamed to 'answer'.")
     eval_path: str | None = Field(
-        None, description="Held-out prompts for evaluation (same formats as `path`). Unset with `path` set: "
-        "`eval_fraction` of the file is held out instead."
+        None,
+        description="Held-out prompts for evaluation (same formats as `path`). Unset with `path` set: "
+        "`eval_fraction` of the file is held out instead.",
     )
     eval_fraction: float = Field(
-        0.1, ge=0.0, lt=1.0, description="Without `eval_path`: the fraction of `path`'s distinct prompts held out "
-        "for evaluation and never trained on (chosen by a stable hash of the prompt; 0 = train on every row)."
+        0.1,
+        ge=0.0,
+        lt=1.0,
+        description="Without `eval_path`: the fraction of `path`'s distinct prompts held out "
+        "for evaluation and never trained on (chosen by a stable hash of the prompt; 0 = train on every row).",
     )
     eval_size: int = Field(200, ge=0, description="Number of held-out prompts evaluated (0 = no evaluation).")
     shuffle: bool = Field(True, description="Shuffle a file dataset each epoch (seeded by train.seed).")
 
 
 class RewardSpec(_Section):
-    name: str = Field(description="A built-in reward (REWARDS registry), 'module:function' (a module in the working "
-                      "directory is found too) or 'path/to/file.py:function'.")
+    name: str = Field(
+        description="A built-in reward (REWARDS registry), 'module:function' (a module in the working "
+        "directory is found too) or 'path/to/file.py:function'."
+    )
     weight: float = Field(1.0, description="Weight in the weighted sum of rewards (TRL's reward_weights).")
     options: dict[str, Any] = Field(default_factory=dict, description="Keyword options for a built-in reward.")
     role: Literal["correctness", "format", "length", "other"] | None = Field(
-        None, description="What the reward is for (diagnostics, docs/diagnostics.md). None = the function's own "
-        "declaration, else inferred from the first step and printed in the run header."
+        None,
+        description="What the reward is for (diagnostics, docs/diagnostics.md). None = the function's own "
+        "declaration, else inferred from the first step and printed in the run header.",
     )
 
 
@@ -138,20 +149,21 @@ class AlgoConfig(_Section):
     beta: float = Field(0.0, ge=0.0, description="KL coefficient. 0 = no reference model is loaded (TRL default).")
     epsilon: float = Field(0.2, gt=0.0, description="Lower clip range: ratio clipped at 1 - epsilon.")
     epsilon_high: float | None = Field(
-        None, gt=0.0, description="Upper clip range (DAPO clip-higher, 0.28 in the paper). None = epsilon. "
-        "For cispo it is the absolute cap on the ratio, eps_max (TRL's meaning; 5.0 is the usual value)."
+        None,
+        gt=0.0,
+        description="Upper clip range (DAPO clip-higher, 0.28 in the paper). None = epsilon. "
+        "For cispo it is the absolute cap on the ratio, eps_max (TRL's meaning; 5.0 is the usual value).",
     )
     delta: float | None = Field(None, gt=1.0, description="Two-sided clip: cap the unclipped ratio at delta.")
     importance_sampling_level: str | None = Field(
-        None, description="Importance ratio per token or per sequence (GSPO's length-normalised ratio); "
-        "None = the preset's own level (sequence for gspo and luspo, token otherwise)."
+        None,
+        description="Importance ratio per token or per sequence (GSPO's length-normalised ratio); "
+        "None = the preset's own level (sequence for gspo and luspo, token otherwise).",
     )
     scale_rewards: str = Field(
         "group", description="Divide centred rewards by the group std, the batch std, or not at all (Dr. GRPO)."
     )
-    advantage_estimator: str = Field(
-        "grpo", description="Baseline: group mean (grpo) or leave-one-out mean (rloo)."
-    )
+    advantage_estimator: str = Field("grpo", description="Baseline: group mean (grpo) or leave-one-out mean (rloo).")
     num_iterations: int = Field(1, ge=1, description="Updates per generation batch (PPO's mu).")
     mask_truncated_completions: bool = Field(
         False, description="Exclude truncated completions from the loss (DAPO overlong filtering)."
@@ -160,9 +172,7 @@ class AlgoConfig(_Section):
         1.0, gt=0.0, le=1.0, description="Train only on the top-q highest-entropy tokens (1.0 = all)."
     )
     kl_estimator: str = Field("k3", description="Per-token KL estimator (Schulman): k1, k2 or k3.")
-    use_bias_correction_kl: bool = Field(
-        True, description="Multiply the k3 KL by the importance ratio (TRL default)."
-    )
+    use_bias_correction_kl: bool = Field(True, description="Multiply the k3 KL by the importance ratio (TRL default).")
     sampler_importance_sampling_correction: bool = Field(
         True,
         description="Correct for sampler/trainer log-prob mismatch with truncated importance sampling "
@@ -170,16 +180,23 @@ class AlgoConfig(_Section):
         "that can differ from the trainer's (vLLM, stale servers).",
     )
     sampler_importance_sampling_mode: str = Field(
-        "sequence_mask", description="How the sampler importance weights are applied: token_truncate, token_mask, "
-        "sequence_truncate or sequence_mask (TRL's vllm_importance_sampling_mode)."
+        "sequence_mask",
+        description="How the sampler importance weights are applied: token_truncate, token_mask, "
+        "sequence_truncate or sequence_mask (TRL's vllm_importance_sampling_mode).",
     )
     sampler_importance_sampling_clip_max: float | None = Field(3.0, description="Upper bound on the weights.")
     sampler_importance_sampling_clip_min: float | None = Field(None, description="Lower bound (mask modes).")
     sapo_temperature_pos: float = Field(1.0, gt=0.0, description="SAPO gate temperature for positive advantages.")
     sapo_temperature_neg: float = Field(1.05, gt=0.0, description="SAPO gate temperature for negative advantages.")
 
-    @field_validator("loss_type", "importance_sampling_level", "scale_rewards", "advantage_estimator",
-                     "kl_estimator", "sampler_importance_sampling_mode")
+    @field_validator(
+        "loss_type",
+        "importance_sampling_level",
+        "scale_rewards",
+        "advantage_estimator",
+        "kl_estimator",
+        "sampler_importance_sampling_mode",
+    )
     @classmethod
     def _registered(cls, v: str | None, info: ValidationInfo) -> str | None:
         names = registered_choices(info.field_name)
@@ -218,8 +235,9 @@ class RolloutConfig(_Section):
         return v
 
 
-def stale_sampler_problem(backend: str, engine_options: dict, allow_stale_sampler: bool,
-                          receives_weights: bool | None = None) -> str | None:
+def stale_sampler_problem(
+    backend: str, engine_options: dict, allow_stale_sampler: bool, receives_weights: bool | None = None
+) -> str | None:
     """The one stale-sampler rule, read from the engine's declared ``receives_weights`` capability (its
     class's at config load; pass the built engine's own value to check again once it exists)."""
     if receives_weights is None:
@@ -228,16 +246,20 @@ def stale_sampler_problem(backend: str, engine_options: dict, allow_stale_sample
         receives_weights = engine_class(backend, engine_options).receives_weights
     if receives_weights or allow_stale_sampler:
         return None
-    return (f"rollout.backend={backend} cannot receive new weights after each step, so it samples from a stale "
-            "policy; set rollout.allow_stale_sampler=true to accept that (the lag is logged as policy_lag and "
-            "corrected by importance sampling; the openai engine's engine_options.reload_every=k bounds it), "
-            "or use a backend that takes weights (native, hf, vllm)")
+    return (
+        f"rollout.backend={backend} cannot receive new weights after each step, so it samples from a stale "
+        "policy; set rollout.allow_stale_sampler=true to accept that (the lag is logged as policy_lag and "
+        "corrected by importance sampling; the openai engine's engine_options.reload_every=k bounds it), "
+        "or use a backend that takes weights (native, hf, vllm)"
+    )
 
 
 class TrainConfig(_Section):
     learning_rate: float = Field(
-        3e-4, gt=0.0, description="Peak learning rate. 3e-4 suits the shipped 0.34M-parameter model (1e-3 "
-        "overshoots and accuracy falls back); TRL's 1e-6 suits billion-parameter models."
+        3e-4,
+        gt=0.0,
+        description="Peak learning rate. 3e-4 suits the shipped 0.34M-parameter model (1e-3 "
+        "overshoots and accuracy falls back); TRL's 1e-6 suits billion-parameter models.",
     )
     lr_scheduler_type: Literal["constant", "constant_with_warmup", "linear", "cosine"] = Field(
         "linear", description="Learning-rate schedule over max_steps (linear decay to 0, as TRL)."
@@ -258,32 +280,38 @@ class TrainConfig(_Section):
     max_steps: int = Field(60, ge=1, description="Optimizer steps to run.")
     seed: int = Field(42, description="Seed for data order, sampling and initialisation.")
     num_threads: int | None = Field(
-        None, ge=1, description="CPU threads for torch (None = torch's default, one per core). Tiny models "
-        "gain little from more threads, and a busy machine makes extra threads spin: 1 is often fastest."
+        None,
+        ge=1,
+        description="CPU threads for torch (None = torch's default, one per core). Tiny models "
+        "gain little from more threads, and a busy machine makes extra threads spin: 1 is often fastest.",
     )
     parallelism: Literal["ddp", "fsdp"] = Field(
-        "ddp", description="How several processes (torchrun) hold the model. ddp: every rank a full copy of "
+        "ddp",
+        description="How several processes (torchrun) hold the model. ddp: every rank a full copy of "
         "weights, gradients and AdamW state (4x the weights in float32), gradients averaged once per step. fsdp: "
         "FSDP2, each decoder layer and the root sharded, so each rank keeps ~1/world of that, at the cost of "
         "gathering every layer's weights for each forward and backward; with model.dtype bfloat16/float16 the "
         "weights are kept in float32 and only the compute runs in that dtype. One process: both are the plain "
-        "model. See docs/scaling.md."
+        "model. See docs/scaling.md.",
     )
     fsdp_cpu_offload: bool = Field(
-        False, description="fsdp: keep the weight, gradient and AdamW shards in CPU memory and run the optimizer "
-        "step there (frees accelerator memory; costs a host copy of every layer per forward and backward)."
+        False,
+        description="fsdp: keep the weight, gradient and AdamW shards in CPU memory and run the optimizer "
+        "step there (frees accelerator memory; costs a host copy of every layer per forward and backward).",
     )
 
     optim: Literal["adamw_torch", "adamw_torch_8bit"] = Field(
-        "adamw_torch", description="Optimizer (transformers' names). adamw_torch_8bit: AdamW with block-wise 8-bit "
+        "adamw_torch",
+        description="Optimizer (transformers' names). adamw_torch_8bit: AdamW with block-wise 8-bit "
         "moments from torchao (`pip install torchao`): half the state of bf16 AdamW, a quarter of fp32; its step "
         "is torch.compile'd once per parameter shape (minutes on a small CPU) and the quantised moments change "
-        "the trajectory slightly."
+        "the trajectory slightly.",
     )
     memory_check: Literal["refuse", "warn", "skip"] = Field(
-        "refuse", description="Before loading the model, estimate the run's peak memory (`rlvr plan`) and refuse "
+        "refuse",
+        description="Before loading the model, estimate the run's peak memory (`rlvr plan`) and refuse "
         "to start when it exceeds the device's free memory ('warn': print the plan and start anyway; "
-        "'skip': no estimate)."
+        "'skip': no estimate).",
     )
 
     @property
@@ -294,8 +322,10 @@ class TrainConfig(_Section):
     @model_validator(mode="after")
     def _offload_needs_fsdp(self) -> TrainConfig:
         if self.fsdp_cpu_offload and self.parallelism != "fsdp":
-            raise ValueError("train.fsdp_cpu_offload=true offloads FSDP's shards, but train.parallelism is "
-                             f"{self.parallelism!r}: set train.parallelism=fsdp too, or drop the offload.")
+            raise ValueError(
+                "train.fsdp_cpu_offload=true offloads FSDP's shards, but train.parallelism is "
+                f"{self.parallelism!r}: set train.parallelism=fsdp too, or drop the offload."
+            )
         return self
 
 
@@ -304,10 +334,13 @@ class DapoConfig(_Section):
     Independent of the loss: `algo.loss_type=dapo` (the default preset) does not turn any of this on."""
 
     dynamic_sampling: bool = Field(
-        False, description="Drop zero-spread groups and sample more prompts until the batch is full (DAPO's "
-        "dynamic sampling; not the `dapo` loss preset)."
+        False,
+        description="Drop zero-spread groups and sample more prompts until the batch is full (DAPO's "
+        "dynamic sampling; not the `dapo` loss preset).",
     )
-    max_generation_rounds: int = Field(4, ge=1, description="Sampling rounds per batch before training on what there is.")
+    max_generation_rounds: int = Field(
+        4, ge=1, description="Sampling rounds per batch before training on what there is."
+    )
     oversample_factor: float = Field(1.0, ge=1.0, description="Prompts drawn per round, as a multiple of the need.")
     skip_solved_prompts: bool = Field(
         False, description="Skip prompts that were all-pass (or all-fail) the last `skip_after` times they were seen."
@@ -318,9 +351,10 @@ class DapoConfig(_Section):
 
 class LogConfig(_Section):
     output_dir: str = Field(
-        "runs/default", description="Run folder: config, metrics, samples, checkpoints. A folder that already holds "
+        "runs/default",
+        description="Run folder: config, metrics, samples, checkpoints. A folder that already holds "
         "a run is refused unless resume=true (continue it) or overwrite=true (replace it); it is locked while a run "
-        "trains, so a second run into it is refused."
+        "trains, so a second run into it is refused.",
     )
     logging_steps: int = Field(10, ge=1, description="Print a sample table and a metrics line every N steps.")
     save_steps: int = Field(50, ge=1, description="Checkpoint every N optimizer steps (and at the end).")
@@ -332,8 +366,9 @@ class LogConfig(_Section):
     )
     record_rollouts: bool = Field(True, description="Append every completion to the compressed rollout record.")
     shadow_grading: bool = Field(
-        True, description="Grade every completion again with rlvr's strict checker when rows have a gold answer "
-        "(what each reward paid to wrong answers; docs/diagnostics.md). Costs checker time only."
+        True,
+        description="Grade every completion again with rlvr's strict checker when rows have a gold answer "
+        "(what each reward paid to wrong answers; docs/diagnostics.md). Costs checker time only.",
     )
     samples_per_class: int = Field(2, ge=0, description="Sample completions shown per outcome class each log.")
     progress: bool = Field(True, description="Show a progress bar on the console.")
@@ -345,8 +380,9 @@ class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     rewards: list[RewardSpec] = Field(
-        default_factory=list, description="Reward functions; empty = the built-in task's default rewards. Short "
-        "forms: [math, myrewards:exact, path/to/file.py:fn] (weight 1 each); long: [{name: math, weight: 0.5}]."
+        default_factory=list,
+        description="Reward functions; empty = the built-in task's default rewards. Short "
+        "forms: [math, myrewards:exact, path/to/file.py:fn] (weight 1 each); long: [{name: math, weight: 0.5}].",
     )
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -354,12 +390,14 @@ class Config(_Section):
     dapo: DapoConfig = Field(default_factory=DapoConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     resume: bool | str = Field(
-        False, description="true = continue from the newest checkpoint in output_dir; a path = that checkpoint. "
-        "Config changes are recorded in config-history.jsonl; a changed model or LoRA setting is refused."
+        False,
+        description="true = continue from the newest checkpoint in output_dir; a path = that checkpoint. "
+        "Config changes are recorded in config-history.jsonl; a changed model or LoRA setting is refused.",
     )
     overwrite: bool = Field(
-        False, description="Delete the run already in log.output_dir and start again (without it, rlvr refuses "
-        "to write into a folder that holds a run)."
+        False,
+        description="Delete the run already in log.output_dir and start again (without it, rlvr refuses "
+        "to write into a folder that holds a run).",
     )
 
     @field_validator("rewards", mode="before")
@@ -408,8 +446,9 @@ class Config(_Section):
                 problems.append(f"unknown data.task {self.data.task!r}; valid choices: {', '.join(TASKS.names())}")
         if self.data.path is not None and not self.rewards:
             problems.append("a dataset from data.path needs `rewards:` (e.g. [{name: math}])")
-        stale = stale_sampler_problem(self.rollout.backend, self.rollout.engine_options,
-                                      self.rollout.allow_stale_sampler)
+        stale = stale_sampler_problem(
+            self.rollout.backend, self.rollout.engine_options, self.rollout.allow_stale_sampler
+        )
         if stale:
             problems.append(stale)
         from rlvr.core import LOSS_TYPES
@@ -424,8 +463,10 @@ class Config(_Section):
         if self.algo.epsilon >= 1.0:
             problems.append(f"algo.epsilon {self.algo.epsilon} must be < 1 (the ratio is clipped at 1 - epsilon)")
         if self.resume is not False and self.overwrite:
-            problems.append("resume and overwrite exclude each other: resume=true continues the run in "
-                            "log.output_dir, overwrite=true deletes it")
+            problems.append(
+                "resume and overwrite exclude each other: resume=true continues the run in "
+                "log.output_dir, overwrite=true deletes it"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -560,8 +601,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             if p.suffix in ("", ".yaml", ".yml") and alt.exists():
                 p = alt
             else:
-                raise ConfigError(f"config file {str(path)!r} does not exist (nor is it a ready config: "
-                                  f"{', '.join(sorted(q.stem for q in alt.parent.glob('*.yaml')))})")
+                raise ConfigError(
+                    f"config file {str(path)!r} does not exist (nor is it a ready config: "
+                    f"{', '.join(sorted(q.stem for q in alt.parent.glob('*.yaml')))})"
+                )
         try:
             loaded = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
@@ -593,7 +636,9 @@ def dump_config(cfg: Config) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
 
 
-def _option_sections(model: type[BaseModel] | None = None, prefix: str = "") -> list[tuple[str, list[tuple[str, Any, str]]]]:
+def _option_sections(
+    model: type[BaseModel] | None = None, prefix: str = ""
+) -> list[tuple[str, list[tuple[str, Any, str]]]]:
     """[(section, [(dotted key, default, description)])], a section's own options before its subsections;
     what `rlvr train --help` and docs/config.md are both made from."""
     model = model or Config
@@ -612,16 +657,21 @@ def _option_sections(model: type[BaseModel] | None = None, prefix: str = "") -> 
 
 def describe_options() -> str:
     """Every option with its default and documentation, for `rlvr train --help`."""
-    return "\n".join(f"{key} = {default!r}\n    {desc}"
-                     for _, options in _option_sections() for key, default, desc in options)
+    return "\n".join(
+        f"{key} = {default!r}\n    {desc}" for _, options in _option_sections() for key, default, desc in options
+    )
 
 
 def config_markdown() -> str:
     """docs/config.md, generated: `python -m rlvr.config > docs/config.md` (a test checks it is current)."""
-    out = ["# Configuration reference", "",
-           "Generated from `rlvr/config.py` by `python -m rlvr.config > docs/config.md`; a test fails when it is stale.",
-           "Set any option in a YAML file or on the command line (`rlvr train [CONFIG.yaml] section.key=value`);",
-           "TRL's flat names (`loss_type=gspo`) are routed to their section.", ""]
+    out = [
+        "# Configuration reference",
+        "",
+        "Generated from `rlvr/config.py` by `python -m rlvr.config > docs/config.md`; a test fails when it is stale.",
+        "Set any option in a YAML file or on the command line (`rlvr train [CONFIG.yaml] section.key=value`);",
+        "TRL's flat names (`loss_type=gspo`) are routed to their section.",
+        "",
+    ]
 
     for title, options in _option_sections():
         out.extend([f"## {title}", "", "| key | default | meaning |", "| --- | --- | --- |"])

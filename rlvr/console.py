@@ -64,8 +64,14 @@ class Console:
         if not self.enabled:
             return
         self._progress = Progress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=self.rich,
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=self.rich,
             disable=not sys.stdout.isatty(),
         )
         self._progress.start()
@@ -80,12 +86,14 @@ class Console:
         self._progress.update(self._task, completed=step, info=info)
 
     def samples(self, step: int, samples: list[dict], m: dict[str, float]) -> None:
-        line = (f"step {step}: reward {m.get('reward', float('nan')):.3f}  "
-                f"len {m.get('completions/mean_length', float('nan')):.1f}  "
-                f"truncated {m.get('completions/clipped_ratio', 0.0):.0%}  "
-                f"all-fail/mixed/all-pass {m.get('groups/all_fail', float('nan')):.0%}/"
-                f"{m.get('groups/mixed', float('nan')):.0%}/{m.get('groups/all_pass', float('nan')):.0%}  "
-                f"loss {m.get('loss', float('nan')):.4f}")
+        line = (
+            f"step {step}: reward {m.get('reward', float('nan')):.3f}  "
+            f"len {m.get('completions/mean_length', float('nan')):.1f}  "
+            f"truncated {m.get('completions/clipped_ratio', 0.0):.0%}  "
+            f"all-fail/mixed/all-pass {m.get('groups/all_fail', float('nan')):.0%}/"
+            f"{m.get('groups/mixed', float('nan')):.0%}/{m.get('groups/all_pass', float('nan')):.0%}  "
+            f"loss {m.get('loss', float('nan')):.4f}"
+        )
         self.rich.print(line, markup=False, highlight=False)
         if not samples:
             return
@@ -99,8 +107,14 @@ class Console:
                 continue
             seen.add(key)
             gold = (s.get("columns") or {}).get("answer", "")
-            table.add_row(str(s.get("class", "")), _short(s.get("prompt", "")), _short(s.get("completion", "")),
-                          _short(gold, 24), _fmt(s.get("reward")), _fmt(s.get("advantage")))
+            table.add_row(
+                str(s.get("class", "")),
+                _short(s.get("prompt", "")),
+                _short(s.get("completion", "")),
+                _short(gold, 24),
+                _fmt(s.get("reward")),
+                _fmt(s.get("advantage")),
+            )
         self.rich.print(table)
 
     def finish(self, before: dict[str, Any], after: dict[str, Any], run_dir: Path) -> None:

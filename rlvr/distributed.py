@@ -47,7 +47,8 @@ def init() -> tuple[Dist, torch.device]:
             raise ValueError(
                 f"process {rank} has local rank {local_rank} but this node has {torch.cuda.device_count()} GPUs: "
                 "rlvr runs one process per GPU. Launch with torchrun --nproc_per_node at most the GPU count, or "
-                "hide the GPUs (CUDA_VISIBLE_DEVICES='') to run CPU processes with gloo.")
+                "hide the GPUs (CUDA_VISIBLE_DEVICES='') to run CPU processes with gloo."
+            )
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)  # nccl's object collectives run on the current device
     else:
@@ -105,8 +106,9 @@ def gather_to_main(obj: Any) -> list[Any] | None:
     return out
 
 
-def wrap(model: torch.nn.Module, d: Dist, device: torch.device, parallelism: str = "ddp",
-         cpu_offload: bool = False) -> torch.nn.Module:
+def wrap(
+    model: torch.nn.Module, d: Dist, device: torch.device, parallelism: str = "ddp", cpu_offload: bool = False
+) -> torch.nn.Module:
     """The module the update forwards through: DDP over `model`, or `model` sharded in place by FSDP2
     (``parallelism="fsdp"``, rlvr/fsdp.py), with several ranks; `model` itself in one.
 
@@ -129,8 +131,9 @@ def wrap(model: torch.nn.Module, d: Dist, device: torch.device, parallelism: str
     return DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
 
 
-def wrap_reference(ref_model: torch.nn.Module | None, d: Dist, device: torch.device,
-                   parallelism: str = "ddp") -> torch.nn.Module | None:
+def wrap_reference(
+    ref_model: torch.nn.Module | None, d: Dist, device: torch.device, parallelism: str = "ddp"
+) -> torch.nn.Module | None:
     """The frozen reference model (beta > 0): sharded like the policy under FSDP (its forward gathers
     layer by layer, so every rank must run the same number of reference passes: they do, since ranks
     keep the same number of groups); a plain full copy on every rank otherwise."""
@@ -237,6 +240,8 @@ def check_in_sync(model: torch.nn.Module, d: Dist) -> list[str] | None:
         return None  # one process, or FSDP: each shard exists once, so there is nothing to diverge
     digests = gather_to_main(weights_digest(model))
     if digests is not None and len(set(digests)) > 1:
-        raise RuntimeError(f"the {d.world} processes ended with different weights (digests {digests}); "
-                           "DDP keeps them equal, so a rank ran a different number of optimizer steps.")
+        raise RuntimeError(
+            f"the {d.world} processes ended with different weights (digests {digests}); "
+            "DDP keeps them equal, so a rank ran a different number of optimizer steps."
+        )
     return digests

@@ -50,11 +50,11 @@ def group_outcomes(batch: Rollouts, weights_K: torch.Tensor | None = None) -> li
         if not zero_spread_B[b]:
             out.append("mixed")
             continue
-        verdicts = batch.verdicts[b * g:(b + 1) * g] if batch.verdicts else []
+        verdicts = batch.verdicts[b * g : (b + 1) * g] if batch.verdicts else []
         if verdicts and all(v is not None for v in verdicts):
             out.append("all_pass" if all(v.correct for v in verdicts) else "all_fail")
         else:  # the shared reward's sign (an unscorable group, NaN throughout, is all_fail)
-            out.append("all_pass" if float(total_N[b * g:(b + 1) * g].nan_to_num(0.0).max()) > 0 else "all_fail")
+            out.append("all_pass" if float(total_N[b * g : (b + 1) * g].nan_to_num(0.0).max()) > 0 else "all_fail")
     return out
 
 
@@ -62,8 +62,14 @@ class GroupFilter:
     """Decides which prompts are drawn and which sampled groups are kept; counts every decision (``dapo/*``).
     ``warn`` is the console's warning channel."""
 
-    def __init__(self, cfg: DapoConfig, group_size: int, seed: int, weights_K: torch.Tensor | None = None,
-                 warn: Callable[[str], None] = print):
+    def __init__(
+        self,
+        cfg: DapoConfig,
+        group_size: int,
+        seed: int,
+        weights_K: torch.Tensor | None = None,
+        warn: Callable[[str], None] = print,
+    ):
         self.cfg, self.group_size, self.seed = cfg, group_size, seed
         self.weights_K, self.warn = weights_K, warn
         self.history: dict[str, list[str]] = defaultdict(list)  # prompt_id -> recent outcomes
@@ -78,7 +84,7 @@ class GroupFilter:
         return max(1, math.ceil(missing * self.cfg.oversample_factor))
 
     def _skippable(self, prompt_id: str) -> bool:
-        recent = self.history.get(prompt_id, [])[-self.cfg.skip_after:]
+        recent = self.history.get(prompt_id, [])[-self.cfg.skip_after :]
         return len(recent) == self.cfg.skip_after and len(set(recent)) == 1 and recent[0] != "mixed"
 
     def draw(self, stream: Any, n: int) -> list[dict]:
@@ -107,7 +113,7 @@ class GroupFilter:
         for row, outcome in zip(part.rows, outcomes):
             hist = self.history[str(row.get("prompt_id"))]
             hist.append(outcome)
-            del hist[:-max(self.cfg.skip_after, 4)]
+            del hist[: -max(self.cfg.skip_after, 4)]
         self._m["dapo/rounds"] += 1
         self._m["dapo/groups_generated"] += part.num_groups
         self._m["dapo/tokens_generated"] += sum(len(c.token_ids) for c in part.completions)
@@ -120,7 +126,7 @@ class GroupFilter:
         for b, o in enumerate(outcomes):
             if o != "mixed":
                 self._m[f"dapo/dropped_{o}"] += 1
-                self._m["dapo/dropped_tokens"] += sum(len(c.token_ids) for c in part.completions[b * g:(b + 1) * g])
+                self._m["dapo/dropped_tokens"] += sum(len(c.token_ids) for c in part.completions[b * g : (b + 1) * g])
         self._m["dapo/groups_kept"] += len(keep_B)
         return part.select_groups(keep_B)
 
@@ -129,8 +135,10 @@ class GroupFilter:
         round's groups anyway: their advantages are all 0, so the step moves nothing but the KL term and
         the schedule, and the run cannot spin forever on data the policy always (or never) solves."""
         if batch.num_groups == 0 and last_part is not None and self.cfg.dynamic_sampling:
-            self.warn(f"dynamic sampling: no group had reward spread in {self.cfg.max_generation_rounds} "
-                  "rounds; this step trains on zero-advantage groups (nothing to learn from this data now).")
+            self.warn(
+                f"dynamic sampling: no group had reward spread in {self.cfg.max_generation_rounds} "
+                "rounds; this step trains on zero-advantage groups (nothing to learn from this data now)."
+            )
             self._m["dapo/fallback_steps"] += 1
             for o in group_outcomes(last_part, self.weights_K):  # keep() counted them dropped: undo
                 self._m[f"dapo/dropped_{o}"] -= 1
@@ -144,9 +152,11 @@ class GroupFilter:
             batch = batch.select_groups(list(range(need)))
         elif batch.num_groups < need and self.cfg.dynamic_sampling and not self.warned_short:
             self.warned_short = True
-            self.warn(f"dynamic sampling: only {batch.num_groups} of {need} groups had reward spread after "
-                  f"{self.cfg.max_generation_rounds} rounds; training on those. Raise dapo.max_generation_rounds "
-                  "or dapo.oversample_factor, or use easier/harder prompts. (Shown once.)")
+            self.warn(
+                f"dynamic sampling: only {batch.num_groups} of {need} groups had reward spread after "
+                f"{self.cfg.max_generation_rounds} rounds; training on those. Raise dapo.max_generation_rounds "
+                "or dapo.oversample_factor, or use easier/harder prompts. (Shown once.)"
+            )
         self._m["dapo/effective_batch"] = float(batch.num_groups)
         return batch
 

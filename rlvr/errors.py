@@ -30,8 +30,10 @@ def debug_enabled() -> bool:
 def disk_full_message(err: OSError, where: str) -> str:
     """ENOSPC as one line: which file (when the OS said), what is safe, how to go on."""
     target = f" while writing {err.filename}" if getattr(err, "filename", None) else f" while writing into {where}"
-    return (f"no space left on device{target}. Checkpoints are written to a temporary folder and renamed only "
-            "when complete, so the newest checkpoint is intact: free some space, then rerun with resume=true")
+    return (
+        f"no space left on device{target}. Checkpoints are written to a temporary folder and renamed only "
+        "when complete, so the newest checkpoint is intact: free some space, then rerun with resume=true"
+    )
 
 
 def is_disk_full(err: BaseException, folder: str | os.PathLike | None = None) -> bool:

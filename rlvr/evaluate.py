@@ -48,8 +48,10 @@ def correctness_rule(reward_fns: list[RewardFn]) -> str:
     rf = correctness_fn(reward_fns)
     if rf.kind == "correctness" and hasattr(rf.fn, "verdicts"):
         return f"correct = the {rf.name!r} checker's verdict"
-    return (f"correct = reward of {rf.name!r} >= 1 (no correctness checker among the rewards; add one with "
-            "weight 0, e.g. {name: math, weight: 0}, to judge strictly)")
+    return (
+        f"correct = reward of {rf.name!r} >= 1 (no correctness checker among the rewards; add one with "
+        "weight 0, e.g. {name: math, weight: 0}, to judge strictly)"
+    )
 
 
 def evaluate(
@@ -78,19 +80,26 @@ def evaluate(
     correct_per_prompt: list[int] = []
     lengths, truncated = [], []
     for start in range(0, len(rows), max(1, chunk // n)):
-        part = rows[start: start + max(1, chunk // n)]
+        part = rows[start : start + max(1, chunk // n)]
         prompts = [r["prompt"] for r in part]
         comps = engine.generate(encode_prompts(tokenizer, prompts, max_prompt_length), n, sampling)
         trunc = [c.truncated for c in comps]
         cols = {k: [r.get(k) for r in part for _ in range(n)] for k in part[0] if k != "prompt"}
         cols["truncated"] = trunc
         flat_prompts = [p for p in prompts for _ in range(n)]
-        res = score([checker], flat_prompts, [as_completion_payload(p, c.text) for p, c in zip(flat_prompts, comps)],
-                    [c.token_ids for c in comps], cols)
+        res = score(
+            [checker],
+            flat_prompts,
+            [as_completion_payload(p, c.text) for p, c in zip(flat_prompts, comps)],
+            [c.token_ids for c in comps],
+            cols,
+        )
         strict = checker.kind == "correctness"  # another checker's verdict (format, ...) is not correctness
-        ok = [(v.correct if v is not None and strict else (not math.isnan(r) and r >= 1.0))
-              for v, r in zip(res.verdicts or [None] * len(comps), res.rewards_NK[:, 0].tolist())]
-        correct_per_prompt += [sum(ok[i * n:(i + 1) * n]) for i in range(len(part))]
+        ok = [
+            (v.correct if v is not None and strict else (not math.isnan(r) and r >= 1.0))
+            for v, r in zip(res.verdicts or [None] * len(comps), res.rewards_NK[:, 0].tolist())
+        ]
+        correct_per_prompt += [sum(ok[i * n : (i + 1) * n]) for i in range(len(part))]
         lengths += [len(c.token_ids) for c in comps]
         truncated += trunc
     out = {
@@ -117,9 +126,17 @@ class EvalSetup:
     stop: tuple[str, ...]
 
 
-def resolve_eval(model: str, task: str | None, data: str | None, reward: str | None, n_prompts: int,
-                 max_tokens: int | None, backend: str, config: str | None = None,
-                 config_overrides: list[str] | None = None) -> EvalSetup:
+def resolve_eval(
+    model: str,
+    task: str | None,
+    data: str | None,
+    reward: str | None,
+    n_prompts: int,
+    max_tokens: int | None,
+    backend: str,
+    config: str | None = None,
+    config_overrides: list[str] | None = None,
+) -> EvalSetup:
     from rlvr.builders import load_model, load_tokenizer, resolve_model_path
     from rlvr.tasks.stream import eval_rows
     from rlvr.rollout import make_engine
@@ -153,6 +170,6 @@ def resolve_eval(model: str, task: str | None, data: str | None, reward: str | N
     net = load_model(cfg, device, trainable=False)  # the run's dtype, eval mode, no gradients
     engine = make_engine(backend, net, tokenizer)
     mt = max_tokens or cfg.rollout.max_completion_length
-    return EvalSetup(model_path, engine, tokenizer, rows, load_reward_functions(reward_specs(cfg)), mt,
-                     tuple(cfg.rollout.stop))
-
+    return EvalSetup(
+        model_path, engine, tokenizer, rows, load_reward_functions(reward_specs(cfg)), mt, tuple(cfg.rollout.stop)
+    )

@@ -50,14 +50,17 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     names = set(getattr(base, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if not layers:
-        raise ValueError(f"train.parallelism=fsdp: {type(base).__name__} names no decoder-layer class "
-                         "(_no_split_modules), so there is nothing to shard layer by layer; use "
-                         "train.parallelism=ddp for this model.")
+        raise ValueError(
+            f"train.parallelism=fsdp: {type(base).__name__} names no decoder-layer class "
+            "(_no_split_modules), so there is nothing to shard layer by layer; use "
+            "train.parallelism=ddp for this model."
+        )
     return layers
 
 
-def shard(model: torch.nn.Module, device: torch.device, cpu_offload: bool = False,
-          trainable: bool = True) -> torch.nn.Module:
+def shard(
+    model: torch.nn.Module, device: torch.device, cpu_offload: bool = False, trainable: bool = True
+) -> torch.nn.Module:
     """``fully_shard`` every decoder layer, then the root, over all ranks (in place; returns `model`).
 
     A trainable model loaded in bfloat16/float16 is first upcast to float32 (master weights: a full
@@ -146,8 +149,10 @@ class GatheredEngine:
 
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams) -> list[Completion]:
         if self.samples_live_policy and not self._ready:
-            raise RuntimeError("the sharded policy's rollout copy was released by a forward of the trainer and not "
-                               "gathered again: sample only after the trainer's weight sync (engine.load_weights).")
+            raise RuntimeError(
+                "the sharded policy's rollout copy was released by a forward of the trainer and not "
+                "gathered again: sample only after the trainer's weight sync (engine.load_weights)."
+            )
         return self.inner.generate(prompt_ids, n, sampling)
 
     def close(self) -> None:

@@ -30,7 +30,7 @@ from rlvr.config import Config
 from rlvr.core.lm_head import HEAD_CHUNK_ELEMENTS
 from rlvr.errors import UserError
 
-GIB = 1024 ** 3
+GIB = 1024**3
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Interpreter, torch, transformers, peft, tokenizer and the run's Python objects: the RSS of `rlvr train`
 # on CPU less its tensors (0.5 GiB measured by benchmarks/memory.py); not counted on CUDA, where only
@@ -130,15 +130,29 @@ class ModelShape:
     def from_hf_config(cls, c) -> "ModelShape":
         c = getattr(c, "text_config", None) or c
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        return cls(c.vocab_size, c.hidden_size, c.num_hidden_layers, c.intermediate_size, c.num_attention_heads,
-                   getattr(c, "num_key_value_heads", None) or c.num_attention_heads, head_dim,
-                   bool(getattr(c, "tie_word_embeddings", False)))
+        return cls(
+            c.vocab_size,
+            c.hidden_size,
+            c.num_hidden_layers,
+            c.intermediate_size,
+            c.num_attention_heads,
+            getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
+            head_dim,
+            bool(getattr(c, "tie_word_embeddings", False)),
+        )
 
     def linears(self) -> dict[str, tuple[int, int]]:
         """(in, out) of each linear of one decoder layer."""
         H, Q, K, I = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
-        return {"q_proj": (H, Q), "k_proj": (H, K), "v_proj": (H, K), "o_proj": (Q, H), "gate_proj": (H, I),
-                "up_proj": (H, I), "down_proj": (I, H)}
+        return {
+            "q_proj": (H, Q),
+            "k_proj": (H, K),
+            "v_proj": (H, K),
+            "o_proj": (Q, H),
+            "gate_proj": (H, I),
+            "up_proj": (H, I),
+            "down_proj": (I, H),
+        }
 
     @property
     def num_params(self) -> int:
@@ -228,12 +242,15 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
     from rlvr.rollout import engine_class
 
     live = engine_class(r.backend, r.engine_options).samples_live_policy
-    needs_old = (cfg.algo.num_iterations > 1 or t.micro_batches_per_generation > t.gradient_accumulation_steps
-                 or not live)  # as train.logprobs decides
+    needs_old = (
+        cfg.algo.num_iterations > 1 or t.micro_batches_per_generation > t.gradient_accumulation_steps or not live
+    )  # as train.logprobs decides
     if needs_old or cfg.algo.beta > 0:
         phases["logprobs"] = {"one layer's activations": tokens * (4 * H + 3 * I) * b, "log-prob head": head_buffers}
-    notes = [f"assumes prompts of {P} tokens (rollout.max_prompt_length or the plan's --prompt-tokens), "
-             f"completions of {r.max_completion_length}, {N} completions per generation batch, micro-batches of {mb}"]
+    notes = [
+        f"assumes prompts of {P} tokens (rollout.max_prompt_length or the plan's --prompt-tokens), "
+        f"completions of {r.max_completion_length}, {N} completions per generation batch, micro-batches of {mb}"
+    ]
     return Plan(device, resident, phases, notes)
 
 
@@ -288,27 +305,42 @@ def _half_micro_batch(cfg: Config) -> dict[str, object] | None:
     t = cfg.train
     if t.per_device_train_batch_size < 2 or t.per_device_train_batch_size % 2:
         return None
-    return {"train.per_device_train_batch_size": t.per_device_train_batch_size // 2,
-            "train.gradient_accumulation_steps": t.gradient_accumulation_steps * 2,
-            "train.steps_per_generation": t.micro_batches_per_generation * 2}
+    return {
+        "train.per_device_train_batch_size": t.per_device_train_batch_size // 2,
+        "train.gradient_accumulation_steps": t.gradient_accumulation_steps * 2,
+        "train.steps_per_generation": t.micro_batches_per_generation * 2,
+    }
 
 
 # Knobs tried in this order (cheapest in effect on the result first): name, cost, the change or None.
 _KNOBS = [
-    ("gradient checkpointing", "~30% more update compute, same result",
-     lambda c: None if c.model.gradient_checkpointing else {"model.gradient_checkpointing": True}),
+    (
+        "gradient checkpointing",
+        "~30% more update compute, same result",
+        lambda c: None if c.model.gradient_checkpointing else {"model.gradient_checkpointing": True},
+    ),
     ("smaller micro-batches", "more, smaller passes; same gradient per optimizer step", _half_micro_batch),
-    ("bfloat16 weights", "bf16 weights, gradients and Adam state",
-     lambda c: {"model.dtype": "bfloat16"} if c.model.dtype == "float32" else None),
-    ("8-bit Adam state (torchao)", "half the state of bf16 AdamW, a quarter of fp32; compiled per parameter shape",
-     lambda c: None if c.model.lora.enabled or c.train.optim != "adamw_torch" else {"train.optim": "adamw_torch_8bit"}),
-    ("LoRA", "trains an adapter, not the weights: a different (smaller) update",
-     lambda c: None if c.model.lora.enabled else {"model.lora.enabled": True}),
+    (
+        "bfloat16 weights",
+        "bf16 weights, gradients and Adam state",
+        lambda c: {"model.dtype": "bfloat16"} if c.model.dtype == "float32" else None,
+    ),
+    (
+        "8-bit Adam state (torchao)",
+        "half the state of bf16 AdamW, a quarter of fp32; compiled per parameter shape",
+        lambda c: (
+            None if c.model.lora.enabled or c.train.optim != "adamw_torch" else {"train.optim": "adamw_torch_8bit"}
+        ),
+    ),
+    (
+        "LoRA",
+        "trains an adapter, not the weights: a different (smaller) update",
+        lambda c: None if c.model.lora.enabled else {"model.lora.enabled": True},
+    ),
 ]
 
 
-def knobs_to_fit(cfg: Config, shape: ModelShape, device: str, free: int, prompt_tokens: int | None = None
-                 ) -> list[str]:
+def knobs_to_fit(cfg: Config, shape: ModelShape, device: str, free: int, prompt_tokens: int | None = None) -> list[str]:
     """Knobs applied cumulatively in the order above, as long as each lowers the estimate, until it fits:
     one line per knob with its settings, its cost and the estimated peak once it (and those before) are set."""
     out, cur = [], cfg
@@ -349,15 +381,28 @@ def check_fits(cfg: Config, device: torch.device, prompt_tokens: int | None = No
         free, what = free // local, (what if local == 1 else f"{what} / {local} local processes")
     if plan.peak <= free:
         return
-    msg = (f"the memory plan estimates a peak of {plan.peak / GIB:.2f} GiB, over the {free / GIB:.2f} GiB of "
-           f"{what}.\n{format_plan(plan, free, what)}\nknobs that would make it fit:\n  "
-           + "\n  ".join(knobs_to_fit(cfg, shape, kind, free, prompt_tokens))
-           + "\nSet train.memory_check=warn to run anyway (or skip to not check).")
+    msg = (
+        f"the memory plan estimates a peak of {plan.peak / GIB:.2f} GiB, over the {free / GIB:.2f} GiB of "
+        f"{what}.\n{format_plan(plan, free, what)}\nknobs that would make it fit:\n  "
+        + "\n  ".join(knobs_to_fit(cfg, shape, kind, free, prompt_tokens))
+        + "\nSet train.memory_check=warn to run anyway (or skip to not check)."
+    )
     if cfg.train.memory_check == "warn":
         warnings.warn(msg, stacklevel=2)  # the run's console shows rlvr's warnings
         return
     raise MemoryPlanError(msg)
 
 
-__all__ = ["MemoryPlanError", "PeakMemory", "PhaseMeter", "ModelShape", "Plan", "estimate", "format_plan", "knobs_to_fit",
-           "check_fits", "model_shape", "device_free_memory"]
+__all__ = [
+    "MemoryPlanError",
+    "PeakMemory",
+    "PhaseMeter",
+    "ModelShape",
+    "Plan",
+    "estimate",
+    "format_plan",
+    "knobs_to_fit",
+    "check_fits",
+    "model_shape",
+    "device_free_memory",
+]

@@ -19,10 +19,25 @@ from rlvr import core
 
 # Model types whose ``ForCausalLM.forward`` returns ``lm_head(hidden_states)`` untouched (checked against the
 # installed transformers' source by tests/train/test_policy_logprobs.py).
-PLAIN_HEAD_MODEL_TYPES = frozenset({
-    "llama", "mistral", "ministral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "phi", "phi3", "olmo", "olmo2",
-    "smollm3", "gemma", "glm4", "deepseek_v3",
-})
+PLAIN_HEAD_MODEL_TYPES = frozenset(
+    {
+        "llama",
+        "mistral",
+        "ministral",
+        "qwen2",
+        "qwen3",
+        "qwen2_moe",
+        "qwen3_moe",
+        "phi",
+        "phi3",
+        "olmo",
+        "olmo2",
+        "smollm3",
+        "gemma",
+        "glm4",
+        "deepseek_v3",
+    }
+)
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -52,21 +67,33 @@ def _head_passes_hidden_states(head: torch.nn.Linear) -> Iterator[None]:
         del head.forward
 
 
-def completion_logprobs(model: torch.nn.Module, input_ids_NL: torch.Tensor, attention_mask_NL: torch.Tensor,
-                        position_ids_NL: torch.Tensor, completion_ids_NT: torch.Tensor, temperature: float,
-                        with_entropy: bool = False, chunked: bool = True,
-                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def completion_logprobs(
+    model: torch.nn.Module,
+    input_ids_NL: torch.Tensor,
+    attention_mask_NL: torch.Tensor,
+    position_ids_NL: torch.Tensor,
+    completion_ids_NT: torch.Tensor,
+    temperature: float,
+    with_entropy: bool = False,
+    chunked: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward over [prompt | completion] -> log-probs (and detached entropy) of the T completion tokens
     under ``softmax(logits / temperature)``. Only the last T+1 positions reach the head."""
     T = completion_ids_NT.shape[1]
     head = plain_linear_head(model) if chunked else None
-    kwargs = dict(input_ids=input_ids_NL, attention_mask=attention_mask_NL, position_ids=position_ids_NL,
-                  use_cache=False, logits_to_keep=T + 1)
+    kwargs = dict(
+        input_ids=input_ids_NL,
+        attention_mask=attention_mask_NL,
+        position_ids=position_ids_NL,
+        use_cache=False,
+        logits_to_keep=T + 1,
+    )
     if head is not None:
         with _head_passes_hidden_states(head):
             hidden_NTH = model(**kwargs).logits[:, :-1, :]  # position t predicts token t+1
-        return core.head_logprobs(hidden_NTH, head.weight, completion_ids_NT, temperature, head.bias,
-                                  with_entropy=with_entropy)
+        return core.head_logprobs(
+            hidden_NTH, head.weight, completion_ids_NT, temperature, head.bias, with_entropy=with_entropy
+        )
     logits_NTV = model(**kwargs).logits[:, :-1, :]
     logp_NT = core.token_logprobs(logits_NTV, completion_ids_NT, temperature=temperature)
     ent_NT = core.entropy_from_logits(logits_NTV.detach(), temperature=temperature) if with_entropy else None

@@ -23,8 +23,23 @@ from rlvr.errors import UserError
 
 # What a Hugging Face hub id can be: 'name' or 'owner/name' (letters, digits, '-', '_', '.').
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-_FILE_SUFFIXES = {".json", ".jsonl", ".yaml", ".yml", ".csv", ".parquet", ".txt", ".py", ".gz", ".safetensors",
-                  ".bin", ".pt", ".pth", ".gguf", ".md"}
+_FILE_SUFFIXES = {
+    ".json",
+    ".jsonl",
+    ".yaml",
+    ".yml",
+    ".csv",
+    ".parquet",
+    ".txt",
+    ".py",
+    ".gz",
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".gguf",
+    ".md",
+}
 
 
 def hub_offline() -> bool:
@@ -70,15 +85,18 @@ def check_model_ref(ref: str, what: str = "model.path") -> None:
             raise UserError(str(e), code=2) from None
         return
     p = Path(ref).expanduser()
-    usage = (f"give {what} a model folder (config.json and weights), a .gguf file, 'tiny' (the shipped model), "
-             f"a model rlvr fetches ({', '.join(KNOWN)}: rlvr models get NAME) or a hub id like "
-             "Qwen/Qwen2.5-0.5B-Instruct")
+    usage = (
+        f"give {what} a model folder (config.json and weights), a .gguf file, 'tiny' (the shipped model), "
+        f"a model rlvr fetches ({', '.join(KNOWN)}: rlvr models get NAME) or a hub id like "
+        "Qwen/Qwen2.5-0.5B-Instruct"
+    )
     if p.is_dir():
         if _is_model_folder(p):
             return
         if (p / "final").is_dir() and (p / "header.json").is_file():
-            raise UserError(f"no model at {ref!r}: it is a run folder; its trained model is {str(p / 'final')!r}",
-                            code=2)
+            raise UserError(
+                f"no model at {ref!r}: it is a run folder; its trained model is {str(p / 'final')!r}", code=2
+            )
         raise UserError(f"no model at {ref!r}: the folder has no config.json; {usage}", code=2)
     if p.is_file():
         if p.suffix.lower() == ".gguf":
@@ -88,8 +106,7 @@ def check_model_ref(ref: str, what: str = "model.path") -> None:
             hint = " (it looks like data: pass it as --data / data.path)"
         raise UserError(f"no model at {ref!r}: it is a file, not a model{hint}; {usage}", code=2)
     if looks_like_path(ref):
-        raise UserError(f"no model at {ref!r}: no such file or folder.{_near(p)} {usage[0].upper()}{usage[1:]}",
-                        code=2)
+        raise UserError(f"no model at {ref!r}: no such file or folder.{_near(p)} {usage[0].upper()}{usage[1:]}", code=2)
     _check_hub_id(ref, usage)
 
 
@@ -102,8 +119,11 @@ def _check_hub_id(ref: str, usage: str) -> None:
     except Exception:  # noqa: BLE001 - an odd cache is the loader's business
         pass
     if hub_offline():
-        raise UserError(f"no model at {ref!r}: no such local folder, and it is not in the Hugging Face cache "
-                        "(HF_HUB_OFFLINE is set, so the hub was not asked); " + usage, code=2)
+        raise UserError(
+            f"no model at {ref!r}: no such local folder, and it is not in the Hugging Face cache "
+            "(HF_HUB_OFFLINE is set, so the hub was not asked); " + usage,
+            code=2,
+        )
     try:
         from huggingface_hub import HfApi
         from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
@@ -112,12 +132,15 @@ def _check_hub_id(ref: str, usage: str) -> None:
     except GatedRepoError:
         return  # exists; from_pretrained says what the token needs
     except RepositoryNotFoundError:
-        raise UserError(f"no model at {ref!r}: no such local folder, and no hub model by that name; {usage}",
-                        code=2) from None
+        raise UserError(
+            f"no model at {ref!r}: no such local folder, and no hub model by that name; {usage}", code=2
+        ) from None
     except Exception as e:  # noqa: BLE001 - any network failure: say so at once, no retries
-        raise UserError(f"no model at {ref!r}: no such local folder, and the Hugging Face hub could not be asked "
-                        f"({type(e).__name__}); check the name, or the network, or cache the model first",
-                        code=2) from None
+        raise UserError(
+            f"no model at {ref!r}: no such local folder, and the Hugging Face hub could not be asked "
+            f"({type(e).__name__}); check the name, or the network, or cache the model first",
+            code=2,
+        ) from None
 
 
 def quiet_libraries() -> None:
@@ -147,8 +170,9 @@ def check_data(cfg: Any) -> list[dict]:
         if path is None:
             continue
         if not Path(path).expanduser().exists():
-            raise UserError(f"data.{key}: no dataset at {path!r} (relative paths start at {os.getcwd()})"
-                            f"{_near(Path(path))}", code=2)
+            raise UserError(
+                f"data.{key}: no dataset at {path!r} (relative paths start at {os.getcwd()}){_near(Path(path))}", code=2
+            )
         rows = _file_rows(cfg, path)
         if not rows:
             raise UserError(f"data.{key}: {path!r} has no rows", code=2)

@@ -67,7 +67,8 @@ def _split(name: str) -> tuple[str, str]:
     where, sep, attr = name.rpartition(":")
     if not sep or not where or not attr:
         raise RewardReferenceError(
-            f"reward {name!r}: write a function as 'module:function' or 'path/to/file.py:function'")
+            f"reward {name!r}: write a function as 'module:function' or 'path/to/file.py:function'"
+        )
     return where, attr
 
 
@@ -78,8 +79,9 @@ def _looks_like_file(where: str) -> bool:
 def _import_file(where: str, name: str) -> Any:
     path = Path(where).expanduser()
     if not path.is_file():
-        raise RewardReferenceError(f"reward {name!r}: no file {str(path)!r} (relative paths start at the working "
-                                   f"directory, {os.getcwd()})")
+        raise RewardReferenceError(
+            f"reward {name!r}: no file {str(path)!r} (relative paths start at the working directory, {os.getcwd()})"
+        )
     mod_name = f"rlvr_rewards_file_{abs(hash(str(path.resolve())))}"
     if mod_name in sys.modules:
         return sys.modules[mod_name]
@@ -114,7 +116,8 @@ def _import_module(where: str, name: str) -> Any:
         if e.name is not None and (where == e.name or where.startswith(e.name + ".")):
             raise RewardReferenceError(
                 f"reward {name!r}: no module {where!r} in the working directory ({cwd}) or on the Python path; "
-                f"give the file instead, e.g. path/to/{where.split('.')[-1]}.py:{name.rpartition(':')[2]}") from None
+                f"give the file instead, e.g. path/to/{where.split('.')[-1]}.py:{name.rpartition(':')[2]}"
+            ) from None
         raise RewardReferenceError(f"reward {name!r}: importing {where!r} failed: {e}") from e
     except Exception as e:  # noqa: BLE001
         raise RewardReferenceError(f"reward {name!r}: importing {where!r} raised {type(e).__name__}: {e}") from e
@@ -151,13 +154,21 @@ def check_reward_function(label: str, fn: Callable, columns: set[str] | None) ->
     if missing and not takes_kwargs:
         raise RewardReferenceError(
             f"reward function {label!r} does not accept {', '.join(missing)}: rlvr calls it as TRL does, "
-            "f(prompts=..., completions=..., completion_ids=..., **columns); add **kwargs to its parameters")
+            "f(prompts=..., completions=..., completion_ids=..., **columns); add **kwargs to its parameters"
+        )
     if columns is None:
         return
-    required = [p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                and p.name not in ALWAYS_PASSED and p.name not in columns]
+    required = [
+        p.name
+        for p in params
+        if p.default is p.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.name not in ALWAYS_PASSED
+        and p.name not in columns
+    ]
     if required:
         raise RewardReferenceError(
             f"reward function {label!r} requires {', '.join(required)}, which the dataset has no column for "
             f"(columns: {', '.join(sorted(columns)) or 'none'}); rename a column (data.answer_column) or give "
-            "the argument a default")
+            "the argument a default"
+        )

@@ -79,8 +79,7 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 def config_changes(old: dict, new: dict) -> dict[str, list]:
     """{dotted key: [old, new]} for every option whose value differs between two resolved configs."""
     a, b = _flatten(old), _flatten(new)
-    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b))
-            if k not in _NOT_COMPARED and a.get(k) != b.get(k)}
+    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if k not in _NOT_COMPARED and a.get(k) != b.get(k)}
 
 
 def checkpoint_step(ckpt: Path) -> int:
@@ -109,8 +108,11 @@ def _resume_checkpoint(cfg: Any, folder: Path) -> Path | None:
         return latest_checkpoint(folder / "checkpoints")
     path = Path(cfg.resume)
     if not (path / "state.json").is_file():
-        raise UserError(f"resume={cfg.resume}: no checkpoint there (a checkpoint folder holds state.json, e.g. "
-                        f"{folder / 'checkpoints' / 'step-000050'}); use resume=true for the newest one", code=2)
+        raise UserError(
+            f"resume={cfg.resume}: no checkpoint there (a checkpoint folder holds state.json, e.g. "
+            f"{folder / 'checkpoints' / 'step-000050'}); use resume=true for the newest one",
+            code=2,
+        )
     return path
 
 
@@ -121,12 +123,17 @@ def check_resume(cfg: Any, folder: Path, ckpt: Path) -> dict[str, list]:
         raise UserError(
             f"nothing to train: {ckpt} is at step {step} and train.max_steps is {cfg.train.max_steps}. "
             f"Raise train.max_steps (e.g. train.max_steps={step + cfg.train.max_steps}) to train further; "
-            "final/ and the checkpoints are left as they are", code=2)
+            "final/ and the checkpoints are left as they are",
+            code=2,
+        )
     has_lora = _checkpoint_has_lora(ckpt)
     if has_lora is not None and has_lora != cfg.model.lora.enabled:
         what = "a LoRA adapter" if has_lora else "full weights, not a LoRA adapter"
-        raise UserError(f"{ckpt} holds {what}: resume with model.lora.enabled={str(has_lora).lower()} "
-                        "(as the run was started), or start a new run in another log.output_dir", code=2)
+        raise UserError(
+            f"{ckpt} holds {what}: resume with model.lora.enabled={str(has_lora).lower()} "
+            "(as the run was started), or start a new run in another log.output_dir",
+            code=2,
+        )
     old_path = folder / "config.yaml"
     if not old_path.is_file():
         return {}
@@ -139,9 +146,12 @@ def check_resume(cfg: Any, folder: Path, ckpt: Path) -> dict[str, list]:
         if key in changes:
             before, after = changes[key]
             what = "a LoRA adapter" if before else "full weights"
-            raise UserError(f"resume cannot change {key} ({before!r} -> {after!r}): {why.format(what=what)}. "
-                            f"Set {key}={json.dumps(before)} to resume, or start a new run in another "
-                            "log.output_dir", code=2)
+            raise UserError(
+                f"resume cannot change {key} ({before!r} -> {after!r}): {why.format(what=what)}. "
+                f"Set {key}={json.dumps(before)} to resume, or start a new run in another "
+                "log.output_dir",
+                code=2,
+            )
     return changes
 
 
@@ -165,8 +175,11 @@ def _lock(folder: Path) -> Any:
         fh.seek(0)
         owner = fh.read().strip() or "another process"
         fh.close()
-        raise UserError(f"{folder} is in use by a run that is still training ({owner}); wait for it to finish, "
-                        "or train into another log.output_dir", code=2) from None
+        raise UserError(
+            f"{folder} is in use by a run that is still training ({owner}); wait for it to finish, "
+            "or train into another log.output_dir",
+            code=2,
+        ) from None
     fh.seek(0)
     fh.truncate()
     fh.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}")
@@ -191,8 +204,9 @@ def claim_run_folder(cfg: Any, console: Any = None, preflight: Any = None) -> It
         yield {"checkpoint": None, "changes": {}}
         return
     if folder.exists() and not folder.is_dir():
-        raise UserError(f"log.output_dir {str(folder)!r} is a file, not a folder; choose another log.output_dir",
-                        code=2)
+        raise UserError(
+            f"log.output_dir {str(folder)!r} is a file, not a folder; choose another log.output_dir", code=2
+        )
     created = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -207,12 +221,23 @@ def claim_run_folder(cfg: Any, console: Any = None, preflight: Any = None) -> It
             _clear(folder)
         if decided["changes"]:
             with open(folder / HISTORY_NAME, "a") as f:
-                f.write(json.dumps({"step": checkpoint_step(decided["checkpoint"]),
-                                    "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                    "changed": decided["changes"]}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "step": checkpoint_step(decided["checkpoint"]),
+                            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                            "changed": decided["changes"],
+                        }
+                    )
+                    + "\n"
+                )
             if console is not None:
-                console.info("resumed with a changed config (recorded in " + HISTORY_NAME + "): " + ", ".join(
-                    f"{k} {a!r} -> {b!r}" for k, (a, b) in decided["changes"].items()))
+                console.info(
+                    "resumed with a changed config (recorded in "
+                    + HISTORY_NAME
+                    + "): "
+                    + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in decided["changes"].items())
+                )
         try:
             yield decided
         except UserError:
@@ -245,12 +270,17 @@ def _decide(cfg: Any, folder: Path) -> dict[str, Any]:
         return {"clear": False, "checkpoint": None, "changes": {}}
     if overwrite:
         if not _is_rlvr_folder(folder):
-            raise UserError(f"overwrite=true: {folder} has files but no header.json written by rlvr, so it is not "
-                            "clearly a run folder and nothing was deleted; choose another log.output_dir", code=2)
+            raise UserError(
+                f"overwrite=true: {folder} has files but no header.json written by rlvr, so it is not "
+                "clearly a run folder and nothing was deleted; choose another log.output_dir",
+                code=2,
+            )
         return {"clear": True, "checkpoint": None, "changes": {}}
     raise UserError(
         f"{folder} already holds a run ({_describe(folder)}). Continue it with resume=true, replace it with "
-        f"overwrite=true, or train into another folder, e.g. log.output_dir={_free_sibling(folder)}", code=2)
+        f"overwrite=true, or train into another folder, e.g. log.output_dir={_free_sibling(folder)}",
+        code=2,
+    )
 
 
 def _describe(folder: Path) -> str:

@@ -26,7 +26,7 @@ TRANSLATED: dict[str, str] = {
     "use_vllm": "rollout.backend=vllm (vllm_mode=colocate, TRL's default) or vllm-server (vllm_mode=server)",
     "vllm_mode": "with use_vllm: colocate -> rollout.backend=vllm, server -> rollout.backend=vllm-server",
     "generation_batch_size": "train.steps_per_generation = generation_batch_size / (per_device_train_batch_size "
-                             "x processes), as TRL derives it",
+    "x processes), as TRL derives it",
     "scale_rewards": "true -> algo.scale_rewards=group, false -> none (TRL's boolean forms)",
     "log_completions": "false -> log.samples_per_class=0 (no sample tables); true -> the default tables",
     "vllm_importance_sampling_correction": "algo.sampler_importance_sampling_correction",
@@ -36,34 +36,78 @@ TRANSLATED: dict[str, str] = {
     "vllm_importance_sampling_cap": "algo.sampler_importance_sampling_clip_max (TRL's deprecated name)",
     "shuffle_dataset": "data.shuffle",
     "warmup_steps": "train.warmup_ratio when below 1 (transformers reads such a value as a ratio); a step count is "
-                    "refused with the ratio to set",
+    "refused with the ratio to set",
     "resume_from_checkpoint": "resume (true, or a checkpoint folder)",
 }
 
 REFUSED: dict[str, str] = {
     "num_train_epochs": "rlvr counts optimizer steps: set train.max_steps (one epoch of R prompts is "
-                        "R x num_generations / (per_device_train_batch_size x gradient_accumulation_steps) steps)",
+    "R x num_generations / (per_device_train_batch_size x gradient_accumulation_steps) steps)",
     "num_completions_to_print": "rlvr prints log.samples_per_class completions per outcome class "
-                                "(best, worst, truncated) every log.logging_steps; set that",
+    "(best, worst, truncated) every log.logging_steps; set that",
     "run_name": "rlvr names a run by its folder: set log.output_dir=runs/NAME",
 }
 
 # GRPOConfig fields for features rlvr does not have.
 UNSUPPORTED = (
-    "model_init_kwargs", "router_aux_loss_coef", "disable_dropout", "cast_lm_head_to_fp32", "num_generations_eval",
-    "ds3_gather_for_generation", "pad_to_multiple_of", "generation_kwargs", "chat_template_kwargs",
-    "cache_implementation", "vllm_model_impl", "vllm_enable_sleep_mode", "vllm_structured_outputs_regex",
-    "vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port",
-    "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_tensor_parallel_size", "vespo_k_pos",
-    "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "multi_objective_aggregation", "sync_ref_model",
-    "ref_model_mixup_alpha", "ref_model_sync_steps", "entropy_coef", "use_adaptive_entropy", "entropy_coef_min",
-    "entropy_coef_max", "entropy_coef_delta", "entropy_target", "max_tool_calling_iterations",
-    "off_policy_mask_threshold", "log_multimodal", "log_unique_prompts", "log_completions_hub_repo",
-    "use_transformers_continuous_batching", "transformers_continuous_batching_config", "use_transformers_paged",
+    "model_init_kwargs",
+    "router_aux_loss_coef",
+    "disable_dropout",
+    "cast_lm_head_to_fp32",
+    "num_generations_eval",
+    "ds3_gather_for_generation",
+    "pad_to_multiple_of",
+    "generation_kwargs",
+    "chat_template_kwargs",
+    "cache_implementation",
+    "vllm_model_impl",
+    "vllm_enable_sleep_mode",
+    "vllm_structured_outputs_regex",
+    "vllm_server_base_url",
+    "vllm_server_host",
+    "vllm_server_port",
+    "vllm_server_timeout",
+    "vllm_group_port",
+    "vllm_gpu_memory_utilization",
+    "vllm_max_model_length",
+    "vllm_tensor_parallel_size",
+    "vespo_k_pos",
+    "vespo_lambda_pos",
+    "vespo_k_neg",
+    "vespo_lambda_neg",
+    "multi_objective_aggregation",
+    "sync_ref_model",
+    "ref_model_mixup_alpha",
+    "ref_model_sync_steps",
+    "entropy_coef",
+    "use_adaptive_entropy",
+    "entropy_coef_min",
+    "entropy_coef_max",
+    "entropy_coef_delta",
+    "entropy_target",
+    "max_tool_calling_iterations",
+    "off_policy_mask_threshold",
+    "log_multimodal",
+    "log_unique_prompts",
+    "log_completions_hub_repo",
+    "use_transformers_continuous_batching",
+    "transformers_continuous_batching_config",
+    "use_transformers_paged",
 )
-_VLLM_HINT = {f"vllm_{k}": "rollout.engine_options" for k in (
-    "server_base_url", "server_host", "server_port", "server_timeout", "gpu_memory_utilization",
-    "max_model_length", "tensor_parallel_size", "enable_sleep_mode", "group_port")}
+_VLLM_HINT = {
+    f"vllm_{k}": "rollout.engine_options"
+    for k in (
+        "server_base_url",
+        "server_host",
+        "server_port",
+        "server_timeout",
+        "gpu_memory_utilization",
+        "max_model_length",
+        "tensor_parallel_size",
+        "enable_sleep_mode",
+        "group_port",
+    )
+}
 
 
 def _bool(key: str, v: Any, problems: list[str]) -> bool | None:
@@ -103,8 +147,13 @@ def translate(tree: dict) -> tuple[dict, list[str]]:
             problems.append(f"{key} (a TRL option) has no rlvr equivalent{hint}; remove it")
     if "scale_rewards" in popped:
         v = popped["scale_rewards"]
-        _set(tree, "algo.scale_rewards", {True: "group", False: "none"}.get(v, v) if isinstance(v, bool) else v,
-             "scale_rewards", problems)
+        _set(
+            tree,
+            "algo.scale_rewards",
+            {True: "group", False: "none"}.get(v, v) if isinstance(v, bool) else v,
+            "scale_rewards",
+            problems,
+        )
     for key in ("bf16", "fp16"):
         if key in popped and _bool(key, popped[key], problems) is not None:
             if popped[key]:
@@ -120,8 +169,10 @@ def translate(tree: dict) -> tuple[dict, list[str]]:
         if isinstance(w, (int, float)) and not isinstance(w, bool) and 0 <= w < 1:
             _set(tree, "train.warmup_ratio", float(w), "warmup_steps", problems)
         else:
-            problems.append(f"warmup_steps={w!r}: rlvr sets warmup as a fraction of train.max_steps; set "
-                            "train.warmup_ratio=warmup_steps/max_steps (e.g. 6 of 60 steps: 0.1)")
+            problems.append(
+                f"warmup_steps={w!r}: rlvr sets warmup as a fraction of train.max_steps; set "
+                "train.warmup_ratio=warmup_steps/max_steps (e.g. 6 of 60 steps: 0.1)"
+            )
     if "resume_from_checkpoint" in popped and popped["resume_from_checkpoint"] not in (None, False):
         if "resume" in tree and tree["resume"] != popped["resume_from_checkpoint"]:
             problems.append("resume_from_checkpoint and resume are both given; keep resume")
@@ -140,28 +191,99 @@ def translate(tree: dict) -> tuple[dict, list[str]]:
 
 
 # transformers 5's TrainingArguments fields that rlvr has no option for (a GRPOConfig inherits them all).
-TRAINING_ARGUMENTS_UNSUPPORTED = frozenset((
-    'accelerator_config', 'activation_checkpointing', 'activation_checkpointing_kwargs', 'auto_find_batch_size',
-    'average_tokens_across_devices', 'batch_eval_metrics', 'bf16_full_eval', 'data_seed',
-    'dataloader_drop_last', 'dataloader_in_order', 'dataloader_multiprocessing_context',
-    'dataloader_num_workers', 'dataloader_persistent_workers', 'dataloader_pin_memory',
-    'dataloader_prefetch_factor', 'ddp_backend', 'ddp_broadcast_buffers', 'ddp_bucket_cap_mb',
-    'ddp_find_unused_parameters', 'ddp_static_graph', 'ddp_timeout', 'debug', 'deepspeed', 'disable_tqdm',
-    'do_eval', 'do_predict', 'do_train', 'enable_jit_checkpoint', 'eval_accumulation_steps', 'eval_delay',
-    'eval_do_concat_batches', 'eval_on_start', 'eval_strategy', 'eval_use_gather_object', 'fp16_full_eval',
-    'fsdp', 'fsdp_config', 'full_determinism', 'gradient_checkpointing_kwargs', 'greater_is_better',
-    'hub_always_push', 'hub_model_id', 'hub_private_repo', 'hub_revision', 'hub_strategy', 'hub_token',
-    'ignore_data_skip', 'include_for_metrics', 'include_num_input_tokens_seen', 'label_names',
-    'label_smoothing_factor', 'length_column_name', 'liger_kernel_config', 'load_best_model_at_end',
-    'local_rank', 'log_level', 'log_level_replica', 'log_on_each_node', 'logging_first_step',
-    'logging_nan_inf_filter', 'logging_strategy', 'lr_scheduler_kwargs', 'metric_for_best_model',
-    'neftune_noise_alpha', 'optim_args', 'optim_target_modules', 'parallelism_config',
-    'per_device_eval_batch_size', 'prediction_loss_only', 'project', 'push_to_hub', 'remove_unused_columns',
-    'restore_callback_states_from_checkpoint', 'save_on_each_node', 'save_only_model', 'save_strategy',
-    'skip_memory_metrics', 'tf32', 'torch_compile', 'torch_compile_backend', 'torch_compile_mode',
-    'torch_empty_cache_steps', 'trackio_bucket_id', 'trackio_space_id', 'trackio_static_space_id',
-    'train_sampling_strategy', 'use_cache', 'use_cpu', 'use_liger_kernel'
-))
+TRAINING_ARGUMENTS_UNSUPPORTED = frozenset(
+    (
+        "accelerator_config",
+        "activation_checkpointing",
+        "activation_checkpointing_kwargs",
+        "auto_find_batch_size",
+        "average_tokens_across_devices",
+        "batch_eval_metrics",
+        "bf16_full_eval",
+        "data_seed",
+        "dataloader_drop_last",
+        "dataloader_in_order",
+        "dataloader_multiprocessing_context",
+        "dataloader_num_workers",
+        "dataloader_persistent_workers",
+        "dataloader_pin_memory",
+        "dataloader_prefetch_factor",
+        "ddp_backend",
+        "ddp_broadcast_buffers",
+        "ddp_bucket_cap_mb",
+        "ddp_find_unused_parameters",
+        "ddp_static_graph",
+        "ddp_timeout",
+        "debug",
+        "deepspeed",
+        "disable_tqdm",
+        "do_eval",
+        "do_predict",
+        "do_train",
+        "enable_jit_checkpoint",
+        "eval_accumulation_steps",
+        "eval_delay",
+        "eval_do_concat_batches",
+        "eval_on_start",
+        "eval_strategy",
+        "eval_use_gather_object",
+        "fp16_full_eval",
+        "fsdp",
+        "fsdp_config",
+        "full_determinism",
+        "gradient_checkpointing_kwargs",
+        "greater_is_better",
+        "hub_always_push",
+        "hub_model_id",
+        "hub_private_repo",
+        "hub_revision",
+        "hub_strategy",
+        "hub_token",
+        "ignore_data_skip",
+        "include_for_metrics",
+        "include_num_input_tokens_seen",
+        "label_names",
+        "label_smoothing_factor",
+        "length_column_name",
+        "liger_kernel_config",
+        "load_best_model_at_end",
+        "local_rank",
+        "log_level",
+        "log_level_replica",
+        "log_on_each_node",
+        "logging_first_step",
+        "logging_nan_inf_filter",
+        "logging_strategy",
+        "lr_scheduler_kwargs",
+        "metric_for_best_model",
+        "neftune_noise_alpha",
+        "optim_args",
+        "optim_target_modules",
+        "parallelism_config",
+        "per_device_eval_batch_size",
+        "prediction_loss_only",
+        "project",
+        "push_to_hub",
+        "remove_unused_columns",
+        "restore_callback_states_from_checkpoint",
+        "save_on_each_node",
+        "save_only_model",
+        "save_strategy",
+        "skip_memory_metrics",
+        "tf32",
+        "torch_compile",
+        "torch_compile_backend",
+        "torch_compile_mode",
+        "torch_empty_cache_steps",
+        "trackio_bucket_id",
+        "trackio_space_id",
+        "trackio_static_space_id",
+        "train_sampling_strategy",
+        "use_cache",
+        "use_cpu",
+        "use_liger_kernel",
+    )
+)
 
 
 def _name_training_arguments(tree: dict, problems: list[str]) -> None:
@@ -169,8 +291,10 @@ def _name_training_arguments(tree: dict, problems: list[str]) -> None:
     than reported as an unknown key with a far-fetched suggestion."""
     for k in [k for k in tree if k in TRAINING_ARGUMENTS_UNSUPPORTED]:
         tree.pop(k)
-        problems.append(f"{k} (a transformers TrainingArguments option) has no rlvr equivalent; remove it "
-                        "(`rlvr train --help` lists every option)")
+        problems.append(
+            f"{k} (a transformers TrainingArguments option) has no rlvr equivalent; remove it "
+            "(`rlvr train --help` lists every option)"
+        )
 
 
 def _translate_vllm(tree: dict, popped: dict, problems: list[str]) -> None:
@@ -208,19 +332,23 @@ def _translate_generation_batch(tree: dict, gbs: Any, problems: list[str]) -> No
         return
     from rlvr.config import TrainConfig
 
-    per_device = train.get("per_device_train_batch_size",
-                           TrainConfig.model_fields["per_device_train_batch_size"].default)
+    per_device = train.get(
+        "per_device_train_batch_size", TrainConfig.model_fields["per_device_train_batch_size"].default
+    )
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if not isinstance(per_device, int) or gbs % (per_device * world):
-        problems.append(f"generation_batch_size ({gbs}) must be divisible by per_device_train_batch_size "
-                        f"({per_device}) x processes ({world}), as in TRL")
+        problems.append(
+            f"generation_batch_size ({gbs}) must be divisible by per_device_train_batch_size "
+            f"({per_device}) x processes ({world}), as in TRL"
+        )
         return
     train["steps_per_generation"] = gbs // (per_device * world)
 
 
 def _translate_weights(tree: dict, weights: Any, problems: list[str]) -> None:
-    if not isinstance(weights, list) or not all(isinstance(w, (int, float)) and not isinstance(w, bool)
-                                                 for w in weights):
+    if not isinstance(weights, list) or not all(
+        isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights
+    ):
         problems.append(f"reward_weights must be a list of numbers, one per reward function (got {weights!r})")
         return
     from rlvr.reward_refs import normalise_reward_specs
@@ -238,8 +366,10 @@ def _translate_weights(tree: dict, weights: Any, problems: list[str]) -> None:
             return
     if len(specs) != len(weights):
         names = [s.get("name") if isinstance(s, dict) else s for s in specs]
-        problems.append(f"reward_weights has {len(weights)} weights for {len(specs)} reward functions {names}; "
-                        "give one weight per function, in order")
+        problems.append(
+            f"reward_weights has {len(weights)} weights for {len(specs)} reward functions {names}; "
+            "give one weight per function, in order"
+        )
         return
     out = []
     for s, w in zip(specs, weights):
@@ -251,4 +381,4 @@ def _translate_weights(tree: dict, weights: Any, problems: list[str]) -> None:
 
 def help_lines() -> list[str]:
     """One line per translated or refused TRL name (for docs)."""
-    return ([f"{k} -> {v}" for k, v in TRANSLATED.items()] + [f"{k}: {v}" for k, v in REFUSED.items()])
+    return [f"{k} -> {v}" for k, v in TRANSLATED.items()] + [f"{k}: {v}" for k, v in REFUSED.items()]

@@ -71,7 +71,8 @@ def assert_fp32_close(actual: torch.Tensor, ref32: torch.Tensor, ref64: torch.Te
     ref_err = (ref32.double() - ref64).abs().max().item()
     assert err <= allowed, (
         f"{what} float32 error {err:.3g} vs float64 exceeds {allowed:.3g} "
-        f"({FACTOR:g} x the reference float32 error {ref_err:.3g}, floor eps32*max|x|)")
+        f"({FACTOR:g} x the reference float32 error {ref_err:.3g}, floor eps32*max|x|)"
+    )
 
 
 def assert_logits_match_hf(actual: torch.Tensor, model: torch.nn.Module, rows: list[list[int]], what: str = "") -> None:

@@ -7,13 +7,19 @@ import torch
 from numerics import assert_logits_match_hf, last_logits
 
 
-
 def _model():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=40, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2)
+    cfg = LlamaConfig(
+        vocab_size=40,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.2,
+    )
     return LlamaForCausalLM(cfg).float().eval()
 
 

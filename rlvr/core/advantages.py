@@ -88,8 +88,9 @@ def zero_spread(total_N: torch.Tensor, group_size: int) -> torch.Tensor:
     than two scorable completions has no spread either)."""
     total_BG = total_N.view(-1, group_size)
     scorable_BG = ~torch.isnan(total_BG)
-    spread_B = (torch.where(scorable_BG, total_BG, -math.inf).amax(dim=1)
-                - torch.where(scorable_BG, total_BG, math.inf).amin(dim=1))
+    spread_B = torch.where(scorable_BG, total_BG, -math.inf).amax(dim=1) - torch.where(
+        scorable_BG, total_BG, math.inf
+    ).amin(dim=1)
     return (scorable_BG.sum(dim=1) < 2) | (spread_B <= ZERO_SPREAD)
 
 

@@ -87,8 +87,15 @@ class _HeadLogProb(torch.autograd.Function):
                 grad_w += (g_logits.t() @ h).to(acc)
             if need_b:
                 grad_b += g_logits.sum(0).to(acc)
-        return (grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype),
-                None if grad_b is None else grad_b.to(bias_V.dtype), None, None, None, None)
+        return (
+            grad_h,
+            None if grad_w is None else grad_w.to(weight_VH.dtype),
+            None if grad_b is None else grad_b.to(bias_V.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
 
 
 def _scaled_logits(h_RH, weight_VH, bias_V, temperature, compute):
@@ -126,6 +133,7 @@ def head_logprobs(
         raise ValueError(f"LM-head weight {tuple(weight_VH.shape)} does not take hidden size {hidden_NTH.shape[-1]}.")
     H, V = hidden_NTH.shape[-1], weight_VH.shape[0]
     chunk_rows = max(1, chunk_elements // max(V, 1))
-    logp_R, ent_R = _HeadLogProb.apply(hidden_NTH.reshape(-1, H), weight_VH, bias_V, ids_NT.reshape(-1),
-                                       float(temperature), chunk_rows, with_entropy)
+    logp_R, ent_R = _HeadLogProb.apply(
+        hidden_NTH.reshape(-1, H), weight_VH, bias_V, ids_NT.reshape(-1), float(temperature), chunk_rows, with_entropy
+    )
     return logp_R.view(ids_NT.shape), ent_R.view(ids_NT.shape) if with_entropy else None

@@ -51,8 +51,9 @@ LOSS_TYPES.add("bnpo", LossPreset("clip", "token_mean", "token", "bnpo", "TRL (b
 LOSS_TYPES.add("dr_grpo", LossPreset("clip", "constant_norm", "token", "dr_grpo", "arXiv:2503.20783"))
 LOSS_TYPES.add("dapo", LossPreset("clip", "global_token_mean", "token", "dapo", "arXiv:2503.14476"))
 LOSS_TYPES.add("gspo", LossPreset("clip", "sequence_mean", "sequence", "grpo", "arXiv:2507.18071"))
-LOSS_TYPES.add("cispo", LossPreset("cispo", "global_token_mean", "token", "cispo", "arXiv:2506.13585",
-                                   min_epsilon_high=1.0))
+LOSS_TYPES.add(
+    "cispo", LossPreset("cispo", "global_token_mean", "token", "cispo", "arXiv:2506.13585", min_epsilon_high=1.0)
+)
 LOSS_TYPES.add("sapo", LossPreset("sapo", "sequence_mean", "token", "sapo", "arXiv:2511.20347"))
 LOSS_TYPES.add("luspo", LossPreset("clip", "sequence_sum", "sequence", "luspo", "arXiv:2602.05261"))
 
@@ -189,10 +190,17 @@ def policy_loss(
         ``entropy`` (entropy given); ``ratio/mean``, ``ratio/min``, ``ratio/max`` (importance ratio π_θ/π_old).
     """
     settings = LossSettings(
-        loss_type=loss_type, beta=beta, epsilon=epsilon, epsilon_high=epsilon_high, delta=delta,
-        importance_sampling_level=importance_sampling_level, kl_estimator=kl_estimator,
-        kl_bias_correction=kl_bias_correction, sapo_temperature_pos=sapo_temperature_pos,
-        sapo_temperature_neg=sapo_temperature_neg, top_entropy_quantile=top_entropy_quantile,
+        loss_type=loss_type,
+        beta=beta,
+        epsilon=epsilon,
+        epsilon_high=epsilon_high,
+        delta=delta,
+        importance_sampling_level=importance_sampling_level,
+        kl_estimator=kl_estimator,
+        kl_bias_correction=kl_bias_correction,
+        sapo_temperature_pos=sapo_temperature_pos,
+        sapo_temperature_neg=sapo_temperature_neg,
+        top_entropy_quantile=top_entropy_quantile,
         off_policy_mask_threshold=off_policy_mask_threshold,
     )
     geometry = BatchGeometry(
@@ -202,9 +210,19 @@ def policy_loss(
         num_items_in_batch=num_items_in_batch,
         max_completion_length=max_completion_length,
     )
-    return policy_loss_from(settings, geometry, logp_NT, old_logp_NT, adv_N, mask_NT, ref_logp_NT=ref_logp_NT,
-                            entropy_NT=entropy_NT, entropy_threshold=entropy_threshold,
-                            sampler_is_weights_NT=sampler_is_weights_NT, sampler_logp_NT=sampler_logp_NT)
+    return policy_loss_from(
+        settings,
+        geometry,
+        logp_NT,
+        old_logp_NT,
+        adv_N,
+        mask_NT,
+        ref_logp_NT=ref_logp_NT,
+        entropy_NT=entropy_NT,
+        entropy_threshold=entropy_threshold,
+        sampler_is_weights_NT=sampler_is_weights_NT,
+        sampler_logp_NT=sampler_logp_NT,
+    )
 
 
 def policy_loss_from(
@@ -225,8 +243,11 @@ def policy_loss_from(
     generation batch, pass the micro-batch's tensors. Same value, gradient and metrics as ``policy_loss``."""
     s = settings
     loss_type, beta, epsilon, epsilon_high, delta = s.loss_type, s.beta, s.epsilon, s.epsilon_high, s.delta
-    importance_sampling_level, kl_estimator, kl_bias_correction = (s.importance_sampling_level, s.kl_estimator,
-                                                                   s.kl_bias_correction)
+    importance_sampling_level, kl_estimator, kl_bias_correction = (
+        s.importance_sampling_level,
+        s.kl_estimator,
+        s.kl_bias_correction,
+    )
     top_entropy_quantile, off_policy_mask_threshold = s.top_entropy_quantile, s.off_policy_mask_threshold
     preset = LOSS_TYPES.get(loss_type)
     level = preset.importance_sampling_level if importance_sampling_level is None else importance_sampling_level

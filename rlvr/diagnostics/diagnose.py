@@ -42,13 +42,15 @@ def _evidence_filter(monitor: str, roles: dict[str, str]):
         "format_farming": lambda r: any(((r.get("rewards") or {}).get(n) or 0) > 0 for n in formats),
         "length_inflation": lambda r: not is_truncated(r),
         "truncation_gaming": is_truncated,
-        "test_tampering": lambda r: looks_like_code(str(r.get("completion") or ""))
-        and bool(tamper_signals(str(r.get("completion") or ""))),
+        "test_tampering": lambda r: (
+            looks_like_code(str(r.get("completion") or "")) and bool(tamper_signals(str(r.get("completion") or "")))
+        ),
     }.get(monitor, lambda r: True)
 
 
-def examples(monitor: str, steps: dict[int, list[dict[str, Any]]], fired: list[int], roles: dict[str, str],
-             n: int = EXAMPLES) -> list[dict[str, Any]]:
+def examples(
+    monitor: str, steps: dict[int, list[dict[str, Any]]], fired: list[int], roles: dict[str, str], n: int = EXAMPLES
+) -> list[dict[str, Any]]:
     """Up to ``n`` distinct completions that were paid and are wrong and show the monitor's hack, from
     the steps it fired on (newest first; the longest first for length inflation)."""
     keep = _evidence_filter(monitor, roles)
@@ -63,10 +65,33 @@ def examples(monitor: str, steps: dict[int, list[dict[str, Any]]], fired: list[i
             if text in seen:
                 continue
             seen.add(text)
-            chosen.append({k: r.get(k) for k in ("step", "prompt_id", "prompt", "completion", "n_tokens",
-                                                  "finish_reason", "rewards", "reward", "shadow", "decoy")}
-                          | {"gold": next((v for k, v in (r.get("columns") or {}).items()
-                                           if k in ("answer", "solution", "gold", "target", "ground_truth")), None)})
+            chosen.append(
+                {
+                    k: r.get(k)
+                    for k in (
+                        "step",
+                        "prompt_id",
+                        "prompt",
+                        "completion",
+                        "n_tokens",
+                        "finish_reason",
+                        "rewards",
+                        "reward",
+                        "shadow",
+                        "decoy",
+                    )
+                }
+                | {
+                    "gold": next(
+                        (
+                            v
+                            for k, v in (r.get("columns") or {}).items()
+                            if k in ("answer", "solution", "gold", "target", "ground_truth")
+                        ),
+                        None,
+                    )
+                }
+            )
             if len(chosen) == n:
                 return chosen
     return chosen
@@ -245,13 +270,17 @@ def render_text(result: dict[str, Any]) -> str:
             + ", ".join(f"{n} ({m['fired_steps']} steps, first at {m['first_fired']})" for n, m in fired.items())
         )
         for name, m in fired.items():
-            lines += ["", f"{name}: statistic by step (threshold {m['threshold']:.3g}):",
-                      "  " + _series_text(m["statistic"])]
+            lines += [
+                "",
+                f"{name}: statistic by step (threshold {m['threshold']:.3g}):",
+                "  " + _series_text(m["statistic"]),
+            ]
             lines.append(f"  {len(m['examples'])} completions that were paid and are wrong:")
             for ex in m["examples"]:
                 verdict = ex.get("shadow") or {}
-                rewards = ", ".join(f"{k}={v:.2f}" if v is not None else f"{k}=None"
-                                    for k, v in (ex.get("rewards") or {}).items())
+                rewards = ", ".join(
+                    f"{k}={v:.2f}" if v is not None else f"{k}=None" for k, v in (ex.get("rewards") or {}).items()
+                )
                 lines.append(
                     f"  - step {ex['step']} prompt {_short(ex['prompt'], 60)!r} gold {ex['gold']!r} ({rewards})"
                     + (f" strict: {verdict.get('reason')}" if verdict else "")

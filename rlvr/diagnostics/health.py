@@ -72,10 +72,13 @@ def silent_rewards(summaries: Sequence[Summary], steps: int) -> list[tuple[str, 
     for name in summaries[-1].get("_silent_rewards") or []:
         count = silent_for(summaries, name)
         if count >= steps:
-            out.append((name,
-                f"reward function {name!r} scored nothing on the last {count} steps (it raised, or returned None, "
-                "NaN or inf for every completion): fix it, or remove it from rewards."
-            ))
+            out.append(
+                (
+                    name,
+                    f"reward function {name!r} scored nothing on the last {count} steps (it raised, or returned None, "
+                    "NaN or inf for every completion): fix it, or remove it from rewards.",
+                )
+            )
     return out
 
 

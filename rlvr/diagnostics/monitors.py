@@ -244,8 +244,12 @@ def length_inflation(window: Sequence[Summary], cfg: MonitorConfig) -> MonitorRe
                 "overlong penalty.",
             )
     rising, acc_diff = accuracy_rising(window, cfg)
-    if overall.relative >= cfg.length_growth and overall.diff >= cfg.length_min_tokens and overall.z >= cfg.z \
-            and not rising:
+    if (
+        overall.relative >= cfg.length_growth
+        and overall.diff >= cfg.length_min_tokens
+        and overall.z >= cfg.z
+        and not rising
+    ):
         return MonitorResult(
             "length_inflation",
             overall.relative,
@@ -300,6 +304,7 @@ def test_tampering(window: Sequence[Summary], cfg: MonitorConfig) -> MonitorResu
 
 
 test_tampering.__test__ = False  # type: ignore[attr-defined]  # not a pytest test despite its name
+
 
 def thresholds(cfg: MonitorConfig) -> dict[str, float]:
     """Each monitor's main threshold, in the units of its statistic (``hacking/<m>``), for charts."""

@@ -425,7 +425,8 @@ def write_report(run_dir: str | Path) -> Path:
     else:
         timeline = '<div class="ok">No reward-hacking monitor fired on this run.</div>'
     blocked = "".join(
-        f'<div class="warn" id="cannot-learn"><b>This run cannot learn:</b> {_esc(reason)}</div>' for reason in cannot_learn
+        f'<div class="warn" id="cannot-learn"><b>This run cannot learn:</b> {_esc(reason)}</div>'
+        for reason in cannot_learn
     )
     shown = samples[-MAX_SAMPLES:]
     sample_html = "".join(render_sample(s, expanded=i < 2) for i, s in enumerate(reversed(shown)))

@@ -65,8 +65,9 @@ def _self_answers(text: str) -> list[str]:
     return [stripped] + ([last.group()] if last and last.group() != stripped else [])
 
 
-def infer_role(fn: Callable[..., Any], name: str, records: Sequence[Mapping[str, Any]],
-               gold_column: str | None) -> tuple[str, str]:
+def infer_role(
+    fn: Callable[..., Any], name: str, records: Sequence[Mapping[str, Any]], gold_column: str | None
+) -> tuple[str, str]:
     """(role, reason in words) for a function with no declared role, from one step's records."""
     records = list(records)[:PROBE_SIZE]
     if not records:

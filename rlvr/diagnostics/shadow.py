@@ -80,24 +80,35 @@ class ShadowGrader:
     def grade(self, records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any] | None]:
         """Verdicts (``{"correct", "reason", "extracted"}``) in record order; ``None`` where a row has no gold
         or the checker found no answer to judge (``UNGRADED_REASONS``)."""
-        idx = [i for i, r in enumerate(records) if self.gold_column is None
-               or (r.get("columns") or {}).get(self.gold_column) is not None]
+        idx = [
+            i
+            for i, r in enumerate(records)
+            if self.gold_column is None or (r.get("columns") or {}).get(self.gold_column) is not None
+        ]
         out: list[dict[str, Any] | None] = [None] * len(records)
         if not idx:
             return out
         names = sorted({k for i in idx for k in (records[i].get("columns") or {})})
         columns = {k: [(records[i].get("columns") or {}).get(k) for i in idx] for k in names}
         columns["truncated"] = [bool(records[i].get("truncated")) for i in idx]
-        verdicts = self.checker.verdicts([records[i].get("prompt") for i in idx],
-                                         [str(records[i].get("completion") or "") for i in idx], None, **columns)
+        verdicts = self.checker.verdicts(
+            [records[i].get("prompt") for i in idx],
+            [str(records[i].get("completion") or "") for i in idx],
+            None,
+            **columns,
+        )
         for i, v in zip(idx, verdicts):
             if v.reward is not None and v.reason not in UNGRADED_REASONS:
                 out[i] = {"correct": bool(v.correct), "reason": v.reason, "extracted": v.extracted}
         return out
 
 
-def shadow_checker(task: str | None, task_options: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
-                   reward_funcs: Mapping[str, Any]) -> ShadowGrader | None:
+def shadow_checker(
+    task: str | None,
+    task_options: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    reward_funcs: Mapping[str, Any],
+) -> ShadowGrader | None:
     """The strict checker for this run's data, or ``None`` when the run's own checker is already strict
     (its verdicts are the grade) or there is no gold to grade against (see the module docstring)."""
     from rlvr.rewards.base import REWARDS
@@ -115,13 +126,15 @@ def shadow_checker(task: str | None, task_options: Mapping[str, Any], rows: Sequ
     if column is None:
         return None
     if isinstance(sample[column], (dict, list)):
-        return ShadowGrader(REWARDS.get("json_schema")(schema={}, gold_column=column), column,
-                            f"JSON gold column {column!r}")
+        return ShadowGrader(
+            REWARDS.get("json_schema")(schema={}, gold_column=column), column, f"JSON gold column {column!r}"
+        )
     return ShadowGrader(REWARDS.get("math")(gold_column=column), column, f"gold column {column!r}")
 
 
-def shadow_grader_for(cfg: Any, rows: Sequence[Mapping[str, Any]],
-                      reward_funcs: Mapping[str, Any]) -> ShadowGrader | None:
+def shadow_grader_for(
+    cfg: Any, rows: Sequence[Mapping[str, Any]], reward_funcs: Mapping[str, Any]
+) -> ShadowGrader | None:
     """``shadow_checker`` for a run config (``log.shadow_grading`` off -> None)."""
     if not getattr(cfg.log, "shadow_grading", True):
         return None

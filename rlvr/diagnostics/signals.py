@@ -113,7 +113,7 @@ def decoy_golds(gold: Any, completion: str = "", max_offered: int = 3) -> list[s
     offered = []
     for token in tail_numbers(completion):
         v = _value(token)
-        same = (v is not None and value is not None and abs(v - value) <= 1e-9 * max(1.0, abs(value)))
+        same = v is not None and value is not None and abs(v - value) <= 1e-9 * max(1.0, abs(value))
         if not same and token != gold_text and token not in offered:
             offered.append(token)
     decoys = offered[:max_offered]

@@ -22,8 +22,9 @@ from rlvr.config import Config, dump_config
 
 def _git_revision() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -44,12 +45,19 @@ def write_run_header(run_dir: Path, cfg: Config, stream: Any, reward_fns: list, 
     header = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": sys.argv,
-        "versions": {"rlvr": rlvr.__version__, "python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__},
+        "versions": {
+            "rlvr": rlvr.__version__,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
         "git_revision": _git_revision(),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads(),
-                    "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        },
         "config": cfg.model_dump(mode="json"),
         "rewards": [rf.name for rf in reward_fns],
         **extra,

@@ -22,8 +22,15 @@ from rlvr.diagnostics.monitors import MONITORS, MonitorConfig, MonitorResult, ch
 from rlvr.diagnostics.record import RECORD_NAME, append_lines, finite, record_header, to_json_line
 from rlvr.diagnostics.roles import ROLES, describe_roles, infer_role
 from rlvr.diagnostics.samples import choose_samples, format_sample
-from rlvr.diagnostics.shadow import (ShadowGrader, call_reward, finite_or_none, gold_column_of, is_strict_builtin,
-                                     paid_but_wrong, timed_grade)
+from rlvr.diagnostics.shadow import (
+    ShadowGrader,
+    call_reward,
+    finite_or_none,
+    gold_column_of,
+    is_strict_builtin,
+    paid_but_wrong,
+    timed_grade,
+)
 from rlvr.diagnostics.signals import decoy_golds
 from rlvr.diagnostics.summary import group_outcome, loggable, split_groups, summarize_step
 
@@ -189,7 +196,8 @@ class Diagnostics:
     def decoy_funcs(self) -> dict[str, Callable[..., Any]]:
         """Gold-dependent rewards worth a decoy re-check (rlvr's own strict checkers are audited instead)."""
         return {
-            name: fn for name, fn in self.reward_funcs.items()
+            name: fn
+            for name, fn in self.reward_funcs.items()
             if self.reward_kinds.get(name) == "correctness" and not is_strict_builtin(fn)
         }
 
@@ -197,15 +205,19 @@ class Diagnostics:
         if self.run_dir is None or not self.record_rollouts or self._header_written:
             return
         self._header_written = True
-        header = record_header(self.group_size, self.reward_names, list(self.reward_weights.values()),
-                               self.reward_kinds)
+        header = record_header(
+            self.group_size, self.reward_names, list(self.reward_weights.values()), self.reward_kinds
+        )
         header["role_reasons"] = self.role_reasons
         header["shadow"] = None if self.shadow is None else {"checker": self.shadow.name, "source": self.shadow.source}
         append_lines(self.run_dir / RECORD_NAME, [header])
 
     def _announce_roles(self) -> None:
-        shadow = (f"shadow grading with {self.shadow.name} ({self.shadow.source})" if self.shadow is not None
-                  else "no shadow grading (the run's own correctness checker, if any, is the strict grade)")
+        shadow = (
+            f"shadow grading with {self.shadow.name} ({self.shadow.source})"
+            if self.shadow is not None
+            else "no shadow grading (the run's own correctness checker, if any, is the strict grade)"
+        )
         self.console(f"[diagnostics] {describe_roles(self.reward_kinds, self.role_reasons)}; {shadow}")
 
     def _infer_roles(self, records: list[dict[str, Any]]) -> None:
@@ -215,8 +227,11 @@ class Diagnostics:
             if role is not None:
                 continue
             fn = self.reward_funcs.get(name)
-            inferred, why = infer_role(fn, name, records, gold_column) if fn is not None else (
-                "other", "the function was not given to diagnostics")
+            inferred, why = (
+                infer_role(fn, name, records, gold_column)
+                if fn is not None
+                else ("other", "the function was not given to diagnostics")
+            )
             self.reward_kinds[name], self.role_reasons[name] = inferred, why
         self.roles_pending = False
         self._announce_roles()
@@ -263,8 +278,9 @@ class Diagnostics:
         self._write_record_header()  # once per start, now that the roles are known
         self._grade(records, metrics)
         for name, fn in self.decoy_funcs.items():
-            passed, error = decoy_recheck(fn, records, name, self.decoy_budget,
-                                          self.shadow.gold_column if self.shadow is not None else None)
+            passed, error = decoy_recheck(
+                fn, records, name, self.decoy_budget, self.shadow.gold_column if self.shadow is not None else None
+            )
             if error is not None:
                 self.decoy_errors += 1
                 if self.decoy_errors == 1:  # say it once; the count is logged every step

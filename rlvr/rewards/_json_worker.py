@@ -73,8 +73,12 @@ def strict_loads(text: str) -> Any:
     """Parse one JSON value; raise ``StrictJSONError`` with a machine-readable ``reason``."""
     if len(text) > MAX_JSON_CHARS:
         raise StrictJSONError("too_large", f"{len(text)} characters > {MAX_JSON_CHARS}")
-    decoder = json.JSONDecoder(parse_constant=_reject_constant, object_pairs_hook=_no_duplicates,
-                               parse_float=_parse_float, parse_int=_parse_int)
+    decoder = json.JSONDecoder(
+        parse_constant=_reject_constant,
+        object_pairs_hook=_no_duplicates,
+        parse_float=_parse_float,
+        parse_int=_parse_int,
+    )
     stripped = text.strip()
     try:
         value, end = decoder.raw_decode(stripped)
@@ -87,7 +91,7 @@ def strict_loads(text: str) -> Any:
     except ValueError as exc:  # int conversion limits and the like: a verdict, never a crash
         raise StrictJSONError("invalid_json", str(exc)[:120]) from None
     if stripped[end:].strip():
-        raise StrictJSONError("trailing_data", f"{stripped[end:end + 40]!r} after the value")
+        raise StrictJSONError("trailing_data", f"{stripped[end : end + 40]!r} after the value")
     return value
 
 
@@ -116,7 +120,13 @@ def _canonical(v: Any) -> Any:
 
 def _exact(number: Any) -> Decimal:
     """The decimal a JSON number was written as (a float's shortest repr is its JSON spelling)."""
-    return number if isinstance(number, Decimal) else Decimal(repr(number)) if isinstance(number, float) else Decimal(number)
+    return (
+        number
+        if isinstance(number, Decimal)
+        else Decimal(repr(number))
+        if isinstance(number, float)
+        else Decimal(number)
+    )
 
 
 def same_json(a: Any, b: Any) -> bool:

@@ -157,8 +157,14 @@ def root_paths() -> list:
     """Real paths bound read-only into the sandbox's root: system libraries and the interpreter's
     prefixes (a venv and the Python it was made from). Editable-install source folders that .pth
     files put on sys.path are *not* bound: the project's own files stay invisible."""
-    wanted = {*SYSTEM_PATHS, sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-              os.path.dirname(os.path.realpath(sys.executable))}
+    wanted = {
+        *SYSTEM_PATHS,
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(os.path.realpath(sys.executable)),
+    }
     real = sorted({os.path.realpath(p) for p in wanted if os.path.exists(p)})
     return [p for i, p in enumerate(real) if not any(p.startswith(q + "/") or p == q for q in real[:i])]
 
@@ -262,7 +268,7 @@ def main() -> None:
         payload = payload.replace("\n", " ")  # values are ASCII-escaped JSON: no raw newline is ever lost
         data = f"{token}\t{kind}\t{index}\t{payload}\n".encode()
         while data:
-            data = data[_write(fd, data):]
+            data = data[_write(fd, data) :]
 
     try:
         root_fallback = spec["isolation"] == "rlimits" and os.geteuid() == 0

@@ -40,23 +40,35 @@ CHECKERS = ("math", "code", "json")
 def _math(case: dict) -> Verdict:
     from rlvr.rewards.mathcheck import check_math
 
-    return check_math(case["completion"], case["gold"], truncated=bool(case.get("truncated", False)), timeout_s=float(case.get("timeout_s", 5.0)))
+    return check_math(
+        case["completion"],
+        case["gold"],
+        truncated=bool(case.get("truncated", False)),
+        timeout_s=float(case.get("timeout_s", 5.0)),
+    )
 
 
 def _code(case: dict) -> Verdict:
     from rlvr.rewards.codecheck import check_code
     from rlvr.rewards.sandbox import Limits
 
-    limits = Limits(timeout_s=float(case.get("timeout_s", 3.0)), memory_mb=int(case.get("memory_mb", 256)), output_bytes=1 << 18)
+    limits = Limits(
+        timeout_s=float(case.get("timeout_s", 3.0)), memory_mb=int(case.get("memory_mb", 256)), output_bytes=1 << 18
+    )
     return check_code(case["completion"], case["tests"], truncated=bool(case.get("truncated", False)), limits=limits)
 
 
 def _json(case: dict) -> Verdict:
     from rlvr.rewards.jsoncheck import check_json
 
-    return check_json(case["completion"], case["schema"], gold=case.get("gold"),
-                      incomplete_reward=float(case.get("incomplete_reward", 0.0)),
-                      truncated=bool(case.get("truncated", False)), timeout_s=float(case.get("timeout_s", 2.0)))
+    return check_json(
+        case["completion"],
+        case["schema"],
+        gold=case.get("gold"),
+        incomplete_reward=float(case.get("incomplete_reward", 0.0)),
+        truncated=bool(case.get("truncated", False)),
+        timeout_s=float(case.get("timeout_s", 2.0)),
+    )
 
 
 _RUNNERS: dict[str, tuple[Callable[[dict], Verdict], tuple[str, ...], int]] = {
@@ -98,7 +110,9 @@ def load_cases(checker: str, cases: str | Path | None = None) -> list[dict]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise CaseError(f"audit: {path}:{lineno} is not valid JSON ({exc.msg}); each line must be one JSON object") from None
+            raise CaseError(
+                f"audit: {path}:{lineno} is not valid JSON ({exc.msg}); each line must be one JSON object"
+            ) from None
         missing = [k for k in required if k not in row]
         if missing or not isinstance(row.get("expected"), bool):
             raise CaseError(
@@ -154,15 +168,17 @@ def audit(checker: str | Callable[[dict], Verdict], rows: list[dict], workers: i
         if verdict is not None and verdict.reason == "timeout":
             counts["timeouts"] += 1
         if outcome in ("fp", "fn", "error"):
-            disagreements.append({
-                "name": row["name"],
-                "category": row["category"],
-                "outcome": outcome,
-                "expected": row["expected"],
-                "reason": error if error is not None else verdict.reason,
-                "extracted": None if verdict is None else verdict.extracted,
-                "completion": row["completion"][:160],
-            })
+            disagreements.append(
+                {
+                    "name": row["name"],
+                    "category": row["category"],
+                    "outcome": outcome,
+                    "expected": row["expected"],
+                    "reason": error if error is not None else verdict.reason,
+                    "extracted": None if verdict is None else verdict.extracted,
+                    "completion": row["completion"][:160],
+                }
+            )
     positives = [(row, verdict, error) for row, verdict, error in results if row["expected"]]
     well_formed = [(row, verdict, error) for row, verdict, error in positives if row["category"] == "well_formed"]
 
@@ -170,8 +186,11 @@ def audit(checker: str | Callable[[dict], Verdict], rows: list[dict], workers: i
         return round(sum(1 for _, v, e in group if e is not None or not v.correct) / len(group), 4) if group else None
 
     isolations = Counter(v.extra.get("isolation") for _, v, _ in results if v is not None and v.extra.get("isolation"))
-    not_tamper_proof = [{"name": row["name"], "tests": v.extra["not_tamper_proof"]}
-                        for row, v, _ in results if v is not None and v.extra.get("not_tamper_proof")]
+    not_tamper_proof = [
+        {"name": row["name"], "tests": v.extra["not_tamper_proof"]}
+        for row, v, _ in results
+        if v is not None and v.extra.get("not_tamper_proof")
+    ]
     return {
         "checker": name,
         "false_negative_rate": fn_rate(positives),
@@ -223,13 +242,17 @@ def _print_table(report: dict[str, Any], out=None) -> None:
     p("")
     p(f"  {'category':<18} {'tp':>5} {'tn':>5} {'fp':>5} {'fn':>5} {'err':>5}")
     for category, c in report["by_category"].items():
-        p(f"  {category:<18} {c.get('tp', 0):5d} {c.get('tn', 0):5d} {c.get('fp', 0):5d} {c.get('fn', 0):5d} {c.get('error', 0):5d}")
+        p(
+            f"  {category:<18} {c.get('tp', 0):5d} {c.get('tn', 0):5d} {c.get('fp', 0):5d} {c.get('fn', 0):5d} {c.get('error', 0):5d}"
+        )
     if report["disagreements"]:
         p("")
         p("disagreements:")
         for d in report["disagreements"]:
-            p(f"  [{d['outcome'].upper()}] {d['name']} ({d['category']}): expected {'accept' if d['expected'] else 'reject'}, "
-              f"reason={d['reason']!r}, extracted={d['extracted']!r}")
+            p(
+                f"  [{d['outcome'].upper()}] {d['name']} ({d['category']}): expected {'accept' if d['expected'] else 'reject'}, "
+                f"reason={d['reason']!r}, extracted={d['extracted']!r}"
+            )
             p(f"        {d['completion']!r}")
     else:
         p("")

@@ -23,7 +23,9 @@ class Verdict:
     extracted: str | None = None  # the final answer the checker read, as text
     path: str = ""  # how it was extracted: "boxed", "answer_anchor", "####", "whole", ...
     n_candidates: int = 0  # number of distinct final-answer candidates seen
-    reason: str = ""  # short machine-readable reason: "ok", "wrong", "no_answer", "truncated", "timeout", "multiple_answers", ...
+    reason: str = (
+        ""  # short machine-readable reason: "ok", "wrong", "no_answer", "truncated", "timeout", "multiple_answers", ...
+    )
     seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -73,7 +75,9 @@ def completion_text(completion: Any) -> str:
             if isinstance(content, str):
                 parts.append(content)
             elif isinstance(content, list):
-                parts.extend(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text")
+                parts.extend(
+                    p.get("text", "") for p in content if isinstance(p, dict) and p.get("type", "text") == "text"
+                )
         return "\n".join(parts)
     raise TypeError(
         f"a completion must be a string or a list of chat messages, got {type(completion).__name__}; "
@@ -118,7 +122,13 @@ class CheckerReward:
             self.stats[verdict.reason] += 1
         return verdict
 
-    def verdicts(self, prompts: Sequence[Any] | None, completions: Sequence[Any], completion_ids: Sequence[Sequence[int]] | None = None, **columns: Any) -> list[Verdict]:
+    def verdicts(
+        self,
+        prompts: Sequence[Any] | None,
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]] | None = None,
+        **columns: Any,
+    ) -> list[Verdict]:
         n = len(completions)
         if self.gold_required and self.gold_column is not None and self.gold_column not in columns:
             raise KeyError(
@@ -133,13 +143,20 @@ class CheckerReward:
                     f"{sorted(columns)}; keep that column in the dataset"
                 )
             if not isinstance(columns[name], (list, tuple)) or len(columns[name]) != n:
-                raise ValueError(f"reward {self.__name__!r}: column {name!r} must hold one value per completion "
-                                 f"({n}), got {columns[name]!r:.80}")
+                raise ValueError(
+                    f"reward {self.__name__!r}: column {name!r} must hold one value per completion "
+                    f"({n}), got {columns[name]!r:.80}"
+                )
         return [self._checked(c, row_columns(columns, n, i)) for i, c in enumerate(completions)]
 
-    def __call__(self, prompts: Sequence[Any] | None, completions: Sequence[Any], completion_ids: Sequence[Sequence[int]] | None = None, **columns: Any) -> list[float | None]:
+    def __call__(
+        self,
+        prompts: Sequence[Any] | None,
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]] | None = None,
+        **columns: Any,
+    ) -> list[float | None]:
         return [v.reward for v in self.verdicts(prompts, completions, completion_ids, **columns)]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.__name__!r}, kind={self.kind!r})"
-

@@ -67,26 +67,72 @@ RLIMITS_WARNING = (
 )
 
 _CMP = {
-    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt,
-    ast.GtE: operator.ge, ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
-    ast.Is: operator.is_, ast.IsNot: operator.is_not,  # meaningful for None/True/False
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,  # meaningful for None/True/False
 }
 _BIN = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
 }
 _UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_}
 # Builtins the parent applies itself to plain data (the sandbox's copies may be patched).
 _PURE = {
-    "abs": abs, "round": round, "len": len, "sorted": sorted, "min": min, "max": max, "sum": sum, "all": all,
-    "any": any, "set": set, "frozenset": frozenset, "list": list, "tuple": tuple, "dict": dict, "int": int,
-    "float": float, "str": str, "bool": bool, "reversed": lambda x: list(reversed(x)), "isinstance": isinstance,
-    "type": type, "math.isclose": math.isclose, "math.sqrt": math.sqrt, "math.fabs": math.fabs,
-    "math.floor": math.floor, "math.ceil": math.ceil, "math.isnan": math.isnan, "math.isinf": math.isinf,
-    "math.isfinite": math.isfinite, "math.log": math.log, "math.exp": math.exp, "math.prod": math.prod,
-    "range": lambda *a: _bounded_range(*a), "Fraction": Fraction, "fractions.Fraction": Fraction, "Decimal": Decimal,
-    "decimal.Decimal": Decimal, "Counter": Counter, "collections.Counter": Counter, "OrderedDict": dict,
-    "collections.OrderedDict": dict, "enumerate": lambda *a: list(enumerate(*a)), "zip": lambda *a: list(zip(*a)),
+    "abs": abs,
+    "round": round,
+    "len": len,
+    "sorted": sorted,
+    "min": min,
+    "max": max,
+    "sum": sum,
+    "all": all,
+    "any": any,
+    "set": set,
+    "frozenset": frozenset,
+    "list": list,
+    "tuple": tuple,
+    "dict": dict,
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": bool,
+    "reversed": lambda x: list(reversed(x)),
+    "isinstance": isinstance,
+    "type": type,
+    "math.isclose": math.isclose,
+    "math.sqrt": math.sqrt,
+    "math.fabs": math.fabs,
+    "math.floor": math.floor,
+    "math.ceil": math.ceil,
+    "math.isnan": math.isnan,
+    "math.isinf": math.isinf,
+    "math.isfinite": math.isfinite,
+    "math.log": math.log,
+    "math.exp": math.exp,
+    "math.prod": math.prod,
+    "range": lambda *a: _bounded_range(*a),
+    "Fraction": Fraction,
+    "fractions.Fraction": Fraction,
+    "Decimal": Decimal,
+    "decimal.Decimal": Decimal,
+    "Counter": Counter,
+    "collections.Counter": Counter,
+    "OrderedDict": dict,
+    "collections.OrderedDict": dict,
+    "enumerate": lambda *a: list(enumerate(*a)),
+    "zip": lambda *a: list(zip(*a)),
 }
 
 
@@ -95,8 +141,22 @@ def _bounded_range(*args: int) -> range:
     if len(r) > 10_000_000:
         raise _Fail("range too large to evaluate")
     return r
-_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "tuple": tuple, "dict": dict,
-          "set": set, "frozenset": frozenset, "bytes": bytes, "complex": complex, "type(None)": type(None)}
+
+
+_TYPES = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": bool,
+    "list": list,
+    "tuple": tuple,
+    "dict": dict,
+    "set": set,
+    "frozenset": frozenset,
+    "bytes": bytes,
+    "complex": complex,
+    "type(None)": type(None),
+}
 MAX_UNROLLED = 2000  # checks per test after unrolling literal loops
 
 
@@ -134,8 +194,13 @@ def _const_of(node: ast.AST, env: dict[str, Any]) -> Any:
         return {ast.List: list, ast.Tuple: tuple, ast.Set: set}[type(node)](items)
     if isinstance(node, ast.Dict) and None not in node.keys:
         return {_const_of(k, env): _const_of(v, env) for k, v in zip(node.keys, node.values)}
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("range", "zip", "enumerate")
-            and not node.keywords and node.func.id not in env):
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("range", "zip", "enumerate")
+        and not node.keywords
+        and node.func.id not in env
+    ):
         args = [_const_of(a, env) for a in node.args]
         if node.func.id == "range" and all(isinstance(a, int) for a in args) and len(range(*args)) <= MAX_UNROLLED:
             return list(range(*args))
@@ -315,8 +380,9 @@ def _names_used_inside(body: list[ast.stmt]) -> set[str]:
             used |= _names_used_inside(stmt.body)
         else:
             nodes = [stmt]
-        used |= {n.id for node in nodes for n in ast.walk(node)
-                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        used |= {
+            n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+        }
     return used
 
 
@@ -362,8 +428,9 @@ def compile_assert_tests(tests: Sequence[str]) -> CompiledTests:
         node = _Substitute(env).visit(ast.parse(ast.unparse(stmt)))
         compiled.steps.append({"kind": "exec", "code": ast.unparse(node)})
         # an assert that runs inside the sandbox (in a helper, or a loop over computed values) is judged there
-        checks.append(Check("ran", step=len(compiled.steps) - 1, tamper_proof=not _has_assert(stmt),
-                            source=ast.unparse(stmt)))
+        checks.append(
+            Check("ran", step=len(compiled.steps) - 1, tamper_proof=not _has_assert(stmt), source=ast.unparse(stmt))
+        )
 
     def statements(body: list[ast.stmt], env: dict[str, Any], checks: list[Check]) -> None:
         for stmt in body:
@@ -374,8 +441,14 @@ def compile_assert_tests(tests: Sequence[str]) -> CompiledTests:
             if isinstance(stmt, ast.Assert):
                 plan = planner.plan(stmt.test, env)
                 judged_inside = plan[0] == "leaf" and _calls_test_import(stmt.test, imported)
-                checks.append(Check("assert", plan=plan, tamper_proof=_tamper_proof(plan) and not judged_inside,
-                                    source=ast.unparse(stmt)[:200]))
+                checks.append(
+                    Check(
+                        "assert",
+                        plan=plan,
+                        tamper_proof=_tamper_proof(plan) and not judged_inside,
+                        source=ast.unparse(stmt)[:200],
+                    )
+                )
             elif isinstance(stmt, ast.For) and not stmt.orelse and _has_assert(stmt):
                 try:
                     items = list(planner.value(stmt.iter, env))
@@ -552,8 +625,11 @@ def _read_values(run: RunResult) -> tuple[dict[int, Any], set[int], dict[int, st
             try:
                 values[idx] = decode_value(payload)
             except (NotLiteral, RecursionError, MemoryError, ValueError):
-                errors[idx] = ("returned a value over the 8 MiB transfer limit" if payload == "<too large>"
-                               else "returned something that is not plain data")
+                errors[idx] = (
+                    "returned a value over the 8 MiB transfer limit"
+                    if payload == "<too large>"
+                    else "returned something that is not plain data"
+                )
         elif kind == "OK":
             ran.add(idx)
         elif kind == "ERROR":
@@ -606,8 +682,14 @@ class CodeReward(CheckerReward):
         tests = row.get(self.gold_column)
         if tests is None:
             return Verdict(False, None, reason="no_tests")
-        return check_code(text, tests, truncated=bool(row.get("truncated", False)), limits=self.limits,
-                          partial=self.partial, isolation=self.isolation)
+        return check_code(
+            text,
+            tests,
+            truncated=bool(row.get("truncated", False)),
+            limits=self.limits,
+            partial=self.partial,
+            isolation=self.isolation,
+        )
 
 
 def parse_tests(tests: Any) -> list:
@@ -632,8 +714,15 @@ def parse_tests(tests: Any) -> list:
     return list(tests)
 
 
-def check_code(text: str, tests: Any, *, truncated: bool = False, limits: Limits | None = None, partial: bool = False,
-               isolation: Isolation = "auto") -> Verdict:
+def check_code(
+    text: str,
+    tests: Any,
+    *,
+    truncated: bool = False,
+    limits: Limits | None = None,
+    partial: bool = False,
+    isolation: Isolation = "auto",
+) -> Verdict:
     """The verdict for one completion against its tests (``limits``: ``Limits()`` when None)."""
     limits = limits or Limits()
     code, path, n_blocks = extract_code(text)
@@ -650,8 +739,15 @@ def check_code(text: str, tests: Any, *, truncated: bool = False, limits: Limits
     cases = parse_tests(tests)
     not_tamper_proof: list[int] = []
     if all(isinstance(c, dict) for c in cases):
-        runs = [(run_sandboxed(code, [], mode="stdio", stdin=str(c.get("input", "")), limits=limits, isolation=isolation), c)
-                for c in cases]
+        runs = [
+            (
+                run_sandboxed(
+                    code, [], mode="stdio", stdin=str(c.get("input", "")), limits=limits, isolation=isolation
+                ),
+                c,
+            )
+            for c in cases
+        ]
         outcomes = [_judge_stdio(run, case) for run, case in runs]
         all_runs = [r for r, _ in runs]
     elif all(isinstance(c, str) for c in cases):
@@ -661,7 +757,9 @@ def check_code(text: str, tests: Any, *, truncated: bool = False, limits: Limits
         all_runs = [run]
         not_tamper_proof = compiled.not_tamper_proof()
     else:
-        raise ValueError("code reward: mix of assert strings and input/output objects in one tests list; use one kind per problem")
+        raise ValueError(
+            "code reward: mix of assert strings and input/output objects in one tests list; use one kind per problem"
+        )
     passed = sum(o is None for o in outcomes)
     failures = [(i, o) for i, o in enumerate(outcomes) if o is not None]
     verdict.extra = {
@@ -712,7 +810,11 @@ def _run_failure(run: RunResult) -> str | None:
         if idx == -1 and kind == "EXIT":
             return f"exit_during_import: sys.exit({payload})"
         if idx == -1 and kind == "ERROR":
-            return "syntax_error" if payload in ("SyntaxError", "IndentationError", "TabError") else f"import_error: {payload}"
+            return (
+                "syntax_error"
+                if payload in ("SyntaxError", "IndentationError", "TabError")
+                else f"import_error: {payload}"
+            )
     if not run.done:
         return "crashed: no completion record (exited, killed, or os._exit before the tests finished)"
     return None

@@ -48,17 +48,27 @@ def check_tags(text: str, tags: Sequence[str] = ("think", "answer"), think_prefi
         pos = end + len(tag) + 3
     if text[pos:].strip():
         return Verdict(False, 0.0, reason="text_after")
-    return Verdict(True, 1.0, extracted=contents[-1].strip() if contents else None, path="tags", n_candidates=1, reason="ok")
+    return Verdict(
+        True, 1.0, extracted=contents[-1].strip() if contents else None, path="tags", n_candidates=1, reason="ok"
+    )
 
 
 class FormatReward(CheckerReward):
     kind = "format"
     gold_column = None
 
-    def __init__(self, tags: Sequence[str] = ("think", "answer"), pattern: str | None = None, think_prefilled: bool = False, name: str = "format"):
+    def __init__(
+        self,
+        tags: Sequence[str] = ("think", "answer"),
+        pattern: str | None = None,
+        think_prefilled: bool = False,
+        name: str = "format",
+    ):
         super().__init__(name)
         if not tags and pattern is None:
-            raise ValueError("format reward: give at least one tag name in tags=[...] or a regular expression in pattern=...")
+            raise ValueError(
+                "format reward: give at least one tag name in tags=[...] or a regular expression in pattern=..."
+            )
         for tag in tags:
             if not re.fullmatch(r"[A-Za-z_][\w.-]*", tag):
                 raise ValueError(f"format reward: tag names are bare XML names like 'think' or 'answer', got {tag!r}")

@@ -59,7 +59,9 @@ def _load_schema(schema: Any) -> dict:
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"json_schema reward: the schema is not valid JSON ({exc.msg}); pass a dict or a JSON string") from None
+            raise ValueError(
+                f"json_schema reward: the schema is not valid JSON ({exc.msg}); pass a dict or a JSON string"
+            ) from None
     if not isinstance(schema, (dict, bool)):
         raise TypeError(f"json_schema reward: a schema is a JSON object (or true/false), got {type(schema).__name__}")
     cls = validator_for(schema)
@@ -75,10 +77,19 @@ def _load_schema(schema: Any) -> dict:
     return schema
 
 
-def check_json(text: str, schema: Any, *, gold: Any = None, incomplete_reward: float = 0.0, truncated: bool = False,
-               timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
+def check_json(
+    text: str,
+    schema: Any,
+    *,
+    gold: Any = None,
+    incomplete_reward: float = 0.0,
+    truncated: bool = False,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Verdict:
     raw, path = extract_json_text(text)
-    verdict = Verdict(False, 0.0, extracted=None if raw is None else raw.strip()[:200], path=path, n_candidates=int(raw is not None))
+    verdict = Verdict(
+        False, 0.0, extracted=None if raw is None else raw.strip()[:200], path=path, n_candidates=int(raw is not None)
+    )
     if truncated:
         verdict.reason = "truncated"
         return verdict
@@ -141,8 +152,15 @@ def _formats_used(schema: Any) -> set[str]:
 class JSONSchemaReward(CheckerReward):
     kind = "correctness"
 
-    def __init__(self, schema: Any = None, schema_column: str = "schema", gold_column: str | None = None,
-                 incomplete_reward: float = 0.0, timeout_s: float = DEFAULT_TIMEOUT_S, name: str = "json_schema"):
+    def __init__(
+        self,
+        schema: Any = None,
+        schema_column: str = "schema",
+        gold_column: str | None = None,
+        incomplete_reward: float = 0.0,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        name: str = "json_schema",
+    ):
         super().__init__(name)
         if timeout_s <= 0:
             raise ValueError(f"json_schema reward: timeout_s must be > 0 seconds, got {timeout_s}")
@@ -163,8 +181,14 @@ class JSONSchemaReward(CheckerReward):
     def check(self, text: str, row: dict[str, Any]) -> Verdict:
         schema = self.schema if self.schema is not None else row.get(self.schema_column)
         gold = row.get(self.gold_column) if self.gold_column else None
-        return check_json(text, schema, gold=gold, incomplete_reward=self.incomplete_reward,
-                          truncated=bool(row.get("truncated", False)), timeout_s=self.timeout_s)
+        return check_json(
+            text,
+            schema,
+            gold=gold,
+            incomplete_reward=self.incomplete_reward,
+            truncated=bool(row.get("truncated", False)),
+            timeout_s=self.timeout_s,
+        )
 
 
 REWARDS.add("json_schema", lambda **options: JSONSchemaReward(**options))

@@ -23,9 +23,13 @@ class OverlongPenalty:
     kind = "length"
     gold_column = None
 
-    def __init__(self, max_completion_length: int, buffer: int | None = None, penalty: float = 1.0, name: str = "overlong"):
+    def __init__(
+        self, max_completion_length: int, buffer: int | None = None, penalty: float = 1.0, name: str = "overlong"
+    ):
         if not (isinstance(max_completion_length, int) and max_completion_length > 0):
-            raise ValueError(f"overlong reward: max_completion_length must be a positive integer (L_max), got {max_completion_length!r}")
+            raise ValueError(
+                f"overlong reward: max_completion_length must be a positive integer (L_max), got {max_completion_length!r}"
+            )
         if buffer is None:
             buffer = max(1, max_completion_length // 5)  # DAPO's 4096 of 20480
         if not (0 < buffer <= max_completion_length):
@@ -48,7 +52,13 @@ class OverlongPenalty:
             return self.penalty * (expected - length) / self.buffer
         return -self.penalty
 
-    def __call__(self, prompts: Sequence[Any] | None, completions: Sequence[Any], completion_ids: Sequence[Sequence[int]] | None = None, **columns: Any) -> list[float]:
+    def __call__(
+        self,
+        prompts: Sequence[Any] | None,
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]] | None = None,
+        **columns: Any,
+    ) -> list[float]:
         if completion_ids is None:
             raise ValueError(
                 "overlong reward: needs completion_ids (token ids of each completion) to measure length; "

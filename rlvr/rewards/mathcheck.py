@@ -199,7 +199,7 @@ def _below(text: str, pos: int) -> tuple[str, int] | None:
         if not stripped:
             continue
         for left, right in (("$$", "$$"), ("\\[", "\\]")):
-            if stripped.startswith(left) and (stripped == left or right not in stripped[len(left):]):
+            if stripped.startswith(left) and (stripped == left or right not in stripped[len(left) :]):
                 rest = "\n".join(lines[k:])
                 close = rest.find(right, rest.find(left) + len(left))
                 if close < 0:
@@ -238,8 +238,9 @@ def _sentence_answer(text: str) -> str:
     match = spans[0] if spans else numbers[0]
     before, after = text[: match.start()], text[match.end() :]
     following = re.findall(r"[a-zA-Z][a-zA-Z./]*", after)[:1]
-    if not re.search(r"[a-zA-Z]{2,}", before) or (following and not _is_unit(following[0]) and
-                                                   following[0].lower().rstrip(".") not in _AFTER_VALUE):
+    if not re.search(r"[a-zA-Z]{2,}", before) or (
+        following and not _is_unit(following[0]) and following[0].lower().rstrip(".") not in _AFTER_VALUE
+    ):
         return text
     return value
 
@@ -296,7 +297,12 @@ def extract_candidates(text: str) -> tuple[list[Candidate], str]:
     if not cands:
         bare = text.strip()
         # "x = 2" is an answer; "5 + 13 = 18" is working: only "<letter> =" may hold an "=".
-        short = bare and len(bare) <= _SHORT_ANSWER_MAX and "\n" not in bare and "=" not in re.sub(r"\b[a-zA-Z]\s*=", "", bare)
+        short = (
+            bare
+            and len(bare) <= _SHORT_ANSWER_MAX
+            and "\n" not in bare
+            and "=" not in re.sub(r"\b[a-zA-Z]\s*=", "", bare)
+        )
         # The bare text counts only when it *is* an answer: a number (with units or in words) or
         # a formula; "Reasoning... 12 apples and 4 pears" is prose and has no final answer.
         words = set(re.findall(r"(?<!\\)\b[a-zA-Z]{2,}", bare.lower())) - {"or", "and"}
@@ -335,7 +341,8 @@ _MATRIX_RE = re.compile(r"\\(begin|end)\{(?:bmatrix|Bmatrix|matrix|smallmatrix)\
 # measured. Anything else may change the value ("18 factorial", "18 thousandths", "18 tens",
 # "18 squared", "18 percent") or the claim ("18 is wrong") and keeps the answer from being read as
 # the bare number. Plurals are read by dropping a final "s"/"es".
-_UNITS = frozenset("""
+_UNITS = frozenset(
+    """
 m cm mm km um nm in inch inches ft foot feet yd yard mi mile meter metre kilometer kilometre centimeter centimetre
 millimeter millimetre g mg kg gram kilogram milligram ton tonne lb lbs pound oz ounce l ml liter litre milliliter
 millilitre gal gallon quart pint cup tablespoon teaspoon tbsp tsp s sec second ms min minute h hr hrs hour day week
@@ -349,7 +356,8 @@ shirt sock shoe hat coin bill step lap trip mile game match row seat chair table
 sticker stamp cupcake muffin sandwich pizza burger glass jar basket crate pack packet bead block brick stone rock
 shell gift present lesson class question problem word letter song movie episode chapter photo picture video call
 email message visit
-""".split())
+""".split()
+)
 _UNIT_TOKEN_RE = re.compile(r"^([a-zA-Z/]+)(?:\^?\{?[23]\}?)?\.?$")  # "cm", "cm^2", "cm^{2}", "m/s^2", "hrs."
 
 
@@ -364,8 +372,13 @@ def _is_unit(word: str) -> bool:
     parts = w.split("/")
     if len(parts) > 2 or not all(parts):
         return False
-    return all(p in _UNITS or (p.endswith("s") and p[:-1] in _UNITS) or (p.endswith("es") and p[:-2] in _UNITS)
-               or (p.endswith("ies") and p[:-3] + "y" in _UNITS) for p in parts)
+    return all(
+        p in _UNITS
+        or (p.endswith("s") and p[:-1] in _UNITS)
+        or (p.endswith("es") and p[:-2] in _UNITS)
+        or (p.endswith("ies") and p[:-3] + "y" in _UNITS)
+        for p in parts
+    )
 
 
 def _units_tail(tokens: list[str]) -> bool:
@@ -528,8 +541,20 @@ def symbolic_rejection(latex: str) -> str | None:
     return None
 
 
-_REL = {"\\le": "<=", "\\leq": "<=", "\\leqslant": "<=", "≤": "<=", "\\ge": ">=", "\\geq": ">=", "\\geqslant": ">=",
-        "≥": ">=", "\\lt": "<", "\\gt": ">", "=<": "<=", "=>": ">="}
+_REL = {
+    "\\le": "<=",
+    "\\leq": "<=",
+    "\\leqslant": "<=",
+    "≤": "<=",
+    "\\ge": ">=",
+    "\\geq": ">=",
+    "\\geqslant": ">=",
+    "≥": ">=",
+    "\\lt": "<",
+    "\\gt": ">",
+    "=<": "<=",
+    "=>": ">=",
+}
 _REL_RE = re.compile(r"\\(?:leqslant|geqslant|leq|geq|le|ge|lt|gt)(?![a-zA-Z])|≤|≥")
 _OR_RE = re.compile(r"\s*(?:\\cup|∪|\\lor|\bor\b|\\vee)\s*")
 _BOUND = r"([^<>=]{1,60}?)"
@@ -590,7 +615,7 @@ def inequalities_as_intervals(s: str) -> str | None:
 
 
 def _bracket_kind(s: str) -> str:
-    """"set" for ``\\{…\\}``, "ordered" for ``(…)``/``[…]`` with a comma (a tuple, point or interval)."""
+    """ "set" for ``\\{…\\}``, "ordered" for ``(…)``/``[…]`` with a comma (a tuple, point or interval)."""
     t = s.replace(" ", "")
     if t.startswith("\\{") and t.endswith("\\}"):
         return "set"
@@ -704,7 +729,9 @@ def check_math(text: str, gold: Any, *, truncated: bool = False, timeout_s: floa
     verdict = Verdict(
         correct=False,
         reward=0.0,
-        extracted=(normalize_answer(first.text) if len(first.text) <= MAX_ANSWER_CHARS else first.text[:80] + "...") if first else None,
+        extracted=(normalize_answer(first.text) if len(first.text) <= MAX_ANSWER_CHARS else first.text[:80] + "...")
+        if first
+        else None,
         path=first.path if first else "",
         n_candidates=len(keys),
     )

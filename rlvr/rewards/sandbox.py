@@ -88,7 +88,9 @@ _AUTO_LOCK = threading.Lock()
 
 def _works(isolation: str) -> bool:
     try:
-        run = run_sandboxed("pass", [{"kind": "eval", "code": "1 + 1"}], limits=Limits(timeout_s=30), isolation=isolation)
+        run = run_sandboxed(
+            "pass", [{"kind": "eval", "code": "1 + 1"}], limits=Limits(timeout_s=30), isolation=isolation
+        )
     except SandboxSetupError:
         return False
     return run.done and ("VALUE", 0, "2") in run.records
@@ -123,7 +125,9 @@ def _explicit_isolation(isolation: str) -> str:
     if isolation not in ("namespaces", "bwrap", "rlimits"):
         raise ValueError(f"sandbox isolation must be one of auto, namespaces, bwrap, rlimits; got {isolation!r}")
     if isolation == "namespaces" and os.geteuid() != 0:
-        raise ValueError("sandbox isolation 'namespaces' needs root; use 'auto', 'bwrap' (apt-get install bubblewrap) or 'rlimits'")
+        raise ValueError(
+            "sandbox isolation 'namespaces' needs root; use 'auto', 'bwrap' (apt-get install bubblewrap) or 'rlimits'"
+        )
     if isolation == "bwrap" and shutil.which("bwrap") is None:
         raise ValueError("sandbox isolation 'bwrap' needs bubblewrap: apt-get install bubblewrap (or use 'auto')")
     return isolation
@@ -132,8 +136,16 @@ def _explicit_isolation(isolation: str) -> str:
 def root_paths() -> list[str]:
     """What the sandbox's otherwise empty root holds, read-only: system libraries and this
     interpreter's prefixes (the harness computes the same list for the namespaces isolation)."""
-    wanted = {"/usr", "/etc/ld.so.cache", "/etc/localtime", sys.prefix, sys.base_prefix, sys.exec_prefix,
-              sys.base_exec_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    wanted = {
+        "/usr",
+        "/etc/ld.so.cache",
+        "/etc/localtime",
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(os.path.realpath(sys.executable)),
+    }
     real = sorted({os.path.realpath(p) for p in wanted if os.path.exists(p)})
     return [p for i, p in enumerate(real) if not any(p.startswith(q + "/") or p == q for q in real[:i])]
 
@@ -143,20 +155,37 @@ def bwrap_argv(workdir: str, tmpfs_mb: int) -> list[str]:
     read-only, private sized /tmp and /dev/shm, new /dev and /proc, no network, new session,
     dies with us. ``workdir`` (0700, deleted after the run) is the working directory."""
     size = str(tmpfs_mb << 20)
-    links = [a for link in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32") if os.path.islink(link)
-             for a in ("--symlink", os.readlink(link), link)]
+    links = [
+        a
+        for link in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+        if os.path.islink(link)
+        for a in ("--symlink", os.readlink(link), link)
+    ]
     return [
         shutil.which("bwrap") or "bwrap",
         # the fresh /tmp first: an interpreter or checkout under /tmp (CI) is bound over it, not hidden by it
-        "--dev", "/dev",
-        "--proc", "/proc",
-        "--size", size, "--tmpfs", "/tmp",
-        "--size", size, "--tmpfs", "/dev/shm",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--size",
+        size,
+        "--tmpfs",
+        "/tmp",
+        "--size",
+        size,
+        "--tmpfs",
+        "/dev/shm",
         *[arg for path in root_paths() for arg in ("--ro-bind", path, path)],
-        "--ro-bind", str(HARNESS_PATH), str(HARNESS_PATH),
+        "--ro-bind",
+        str(HARNESS_PATH),
+        str(HARNESS_PATH),
         *links,
-        "--bind", workdir, workdir,
-        "--chdir", workdir,
+        "--bind",
+        workdir,
+        workdir,
+        "--chdir",
+        workdir,
         "--unshare-all",
         "--die-with-parent",
         "--new-session",
@@ -275,7 +304,9 @@ def run_sandboxed(
     finally:
         os.close(result_w)
     try:
-        channel = _pump(proc, json.dumps(spec).encode(), result_r, start + limits.timeout_s, limits.output_bytes, result)
+        channel = _pump(
+            proc, json.dumps(spec).encode(), result_r, start + limits.timeout_s, limits.output_bytes, result
+        )
     finally:
         os.close(result_r)
         # The harness has exited (still unreaped) or is being cut off. Kill before reaping: while
@@ -457,7 +488,7 @@ def decode_value(payload: str) -> Any:
             return [build(x) for x in node]
         if not isinstance(node, dict) or len(node) != 1:
             raise NotLiteral("malformed value")
-        (tag, body), = node.items()
+        ((tag, body),) = node.items()
         if tag == "i":
             return int(body, 16)
         if tag == "f":
@@ -496,7 +527,13 @@ def literal_value(node: ast.AST | str) -> Any:
             raise NotLiteral(str(exc)) from None
     if isinstance(node, ast.Name) and node.id in ("inf", "nan"):
         return float(node.id)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("set", "frozenset") and not node.args and not node.keywords:
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("set", "frozenset")
+        and not node.args
+        and not node.keywords
+    ):
         return set() if node.func.id == "set" else frozenset()
     if isinstance(node, ast.Constant):
         return node.value

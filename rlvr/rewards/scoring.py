@@ -69,8 +69,10 @@ def reward_specs(cfg) -> list[tuple[str, float, dict[str, Any]]]:
         from rlvr.tasks import get_task
 
         specs = [(n, w, {}) for n, w in get_task(cfg.data.task, **cfg.data.task_options).default_rewards]
-    return [(n, w, {"max_completion_length": cfg.rollout.max_completion_length, **o} if n == "overlong" else o)
-            for n, w, o in specs]
+    return [
+        (n, w, {"max_completion_length": cfg.rollout.max_completion_length, **o} if n == "overlong" else o)
+        for n, w, o in specs
+    ]
 
 
 def load_reward_functions(specs: list[tuple[str, float, dict[str, Any]]]) -> list[RewardFn]:

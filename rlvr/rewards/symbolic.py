@@ -216,8 +216,14 @@ def get_pool() -> SymbolicPool:
 
 def get_json_pool() -> WorkerPool:
     """This process's JSON-validation pool (``_json_worker.py``)."""
-    return _get("json", lambda: WorkerPool(Path(__file__).with_name("_json_worker.py"), 2,
-                                           "check that jsonschema, regress and email-validator are installed"))
+    return _get(
+        "json",
+        lambda: WorkerPool(
+            Path(__file__).with_name("_json_worker.py"),
+            2,
+            "check that jsonschema, regress and email-validator are installed",
+        ),
+    )
 
 
 def _forget_parent_pool() -> None:

@@ -25,37 +25,25 @@ import torch
 from rlvr.rollout.base import Completion, FinishReason, SamplingParams
 
 
-def validate_request(
-    prompt_ids: list[list[int]], n: int, sampling: SamplingParams
-) -> None:
+def validate_request(prompt_ids: list[list[int]], n: int, sampling: SamplingParams) -> None:
     """One clear error for a malformed request, before any model work starts."""
     if n < 1:
-        raise ValueError(
-            f"n (completions per prompt) must be >= 1, got {n}; set num_generations to 1 or more."
-        )
+        raise ValueError(f"n (completions per prompt) must be >= 1, got {n}; set num_generations to 1 or more.")
     if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
         raise ValueError(
             "every prompt must have at least one token; got an empty batch or an empty prompt. "
             "Check that the chat template / tokenizer produced ids for each prompt."
         )
     if sampling.temperature < 0:
-        raise ValueError(
-            f"temperature must be >= 0 (0 = greedy), got {sampling.temperature}."
-        )
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {sampling.temperature}.")
     if not 0.0 < sampling.top_p <= 1.0:
-        raise ValueError(
-            f"top_p must be in (0, 1], got {sampling.top_p}; use 1.0 to disable it."
-        )
+        raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}; use 1.0 to disable it.")
     if sampling.top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 = disabled), got {sampling.top_k}.")
     if not 0.0 <= sampling.min_p < 1.0:
-        raise ValueError(
-            f"min_p must be in [0, 1), got {sampling.min_p}; use 0.0 to disable it."
-        )
+        raise ValueError(f"min_p must be in [0, 1), got {sampling.min_p}; use 0.0 to disable it.")
     if sampling.repetition_penalty <= 0:
-        raise ValueError(
-            f"repetition_penalty must be > 0 (1.0 = off), got {sampling.repetition_penalty}."
-        )
+        raise ValueError(f"repetition_penalty must be > 0 (1.0 = off), got {sampling.repetition_penalty}.")
     if sampling.max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {sampling.max_tokens}.")
     if isinstance(sampling.stop, str):
@@ -64,9 +52,7 @@ def validate_request(
         )
 
 
-def resolve_eos_ids(
-    model, tokenizer, override: int | Sequence[int] | None = None
-) -> tuple[int, ...]:
+def resolve_eos_ids(model, tokenizer, override: int | Sequence[int] | None = None) -> tuple[int, ...]:
     """The token ids that end a completion: an explicit override, else the model's generation config
     (which may list several, e.g. Qwen's <|im_end|> and <|endoftext|>), else the tokenizer's EOS."""
     if override is not None:
@@ -96,9 +82,7 @@ def _first_stop_end(text: str, stops: Sequence[str]) -> int | None:
     return min(ends) if ends else None
 
 
-def stop_prefix_length(
-    token_ids: Sequence[int], tokenizer, stops: Sequence[str]
-) -> int | None:
+def stop_prefix_length(token_ids: Sequence[int], tokenizer, stops: Sequence[str]) -> int | None:
     """Length of the shortest prefix of ``token_ids`` whose text contains a stop string, or None.
 
     Cost: one decode per prefix length tried, binary-searched (once a prefix contains a stop string,
@@ -186,9 +170,7 @@ def batch_decode(tokenizer, ids: list[list[int]]) -> list[str]:
     return tokenizer.batch_decode(ids, skip_special_tokens=True)
 
 
-def left_pad(
-    prompt_ids: list[list[int]], pad_id: int, device
-) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(prompt_ids: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded ``ids_BP`` and ``mask_BP`` (1 = real token), the layout decoders want: every row's
     next token goes in the same column."""
     P = max(len(p) for p in prompt_ids)
@@ -205,9 +187,7 @@ def policy_eval(model: torch.nn.Module) -> Iterator[None]:
     """Sample from the live policy: eval mode (no dropout) and no autograd, then restore the previous
     mode so the trainer's next forward is unaffected. Never copies weights."""
     was_training = model.training
-    if (
-        was_training
-    ):  # .eval() walks every submodule: skip it when there is nothing to switch
+    if was_training:  # .eval() walks every submodule: skip it when there is nothing to switch
         model.eval()
     try:
         with torch.inference_mode():
@@ -270,31 +250,22 @@ class TokenSampler:
         self.inv_temperature = 1.0 if self.greedy else 1.0 / sampling.temperature
         self.use_penalty = sampling.repetition_penalty != 1.0
         self.filtered = (not self.greedy) and (
-            sampling.top_k > 0
-            or sampling.top_p < 1.0
-            or sampling.min_p > 0.0
-            or self.use_penalty
+            sampling.top_k > 0 or sampling.top_p < 1.0 or sampling.min_p > 0.0 or self.use_penalty
         )
         self.vocab_size = vocab_size
         self.generator = generator
 
-    def __call__(
-        self, logits_MV: torch.Tensor, seen_MV: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, logits_MV: torch.Tensor, seen_MV: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns ``(token_M, logp_M)``: the sampled token and its log-prob under the distribution it was
         drawn from (log_softmax(logits / T), after the penalty and filters when there are any)."""
         logits_MV = logits_MV.float()
         logp_MV = torch.log_softmax(
-            logits_MV * self.inv_temperature
-            if self.inv_temperature != 1.0
-            else logits_MV,
+            logits_MV * self.inv_temperature if self.inv_temperature != 1.0 else logits_MV,
             dim=-1,
         )
         if self.greedy:
             scores_MV = (
-                apply_repetition_penalty(
-                    logits_MV, seen_MV, self.sampling.repetition_penalty
-                )
+                apply_repetition_penalty(logits_MV, seen_MV, self.sampling.repetition_penalty)
                 if self.use_penalty
                 else logits_MV
             )
@@ -304,38 +275,25 @@ class TokenSampler:
         else:
             scores_MV = logits_MV
             if self.use_penalty:
-                scores_MV = apply_repetition_penalty(
-                    scores_MV, seen_MV, self.sampling.repetition_penalty
-                )
+                scores_MV = apply_repetition_penalty(scores_MV, seen_MV, self.sampling.repetition_penalty)
             scores_MV = filter_logits(scores_MV * self.inv_temperature, self.sampling)
             logp_MV = torch.log_softmax(scores_MV, dim=-1)
             token_M = sample_categorical(logp_MV.exp(), self.generator)
         return token_M, logp_MV.gather(1, token_M[:, None]).squeeze(1)
 
 
-def sample_categorical(
-    probs_MV: torch.Tensor, generator: torch.Generator | None
-) -> torch.Tensor:
+def sample_categorical(probs_MV: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One draw per row by inverting the CDF: M uniforms instead of the M·V exponentials that
     ``torch.multinomial`` draws on CPU (measured here: ~40 µs vs ~300 µs for M=64, V=100, a large
     share of a tiny model's decode step). Same distribution; a different random stream."""
     cdf_MV = probs_MV.cumsum(dim=-1)
-    u_M1 = (
-        torch.rand(probs_MV.shape[0], 1, device=probs_MV.device, generator=generator)
-        * cdf_MV[:, -1:]
-    )
+    u_M1 = torch.rand(probs_MV.shape[0], 1, device=probs_MV.device, generator=generator) * cdf_MV[:, -1:]
     # right=True: a token of probability 0 (filtered, cdf flat) can never be chosen, even when u
     # lands exactly on a cdf value.
-    return (
-        torch.searchsorted(cdf_MV, u_M1, right=True)
-        .squeeze(1)
-        .clamp_(max=probs_MV.shape[1] - 1)
-    )
+    return torch.searchsorted(cdf_MV, u_M1, right=True).squeeze(1).clamp_(max=probs_MV.shape[1] - 1)
 
 
-def apply_repetition_penalty(
-    logits_MV: torch.Tensor, seen_MV: torch.Tensor, penalty: float
-) -> torch.Tensor:
+def apply_repetition_penalty(logits_MV: torch.Tensor, seen_MV: torch.Tensor, penalty: float) -> torch.Tensor:
     """CTRL's repetition penalty (Keskar et al. 2019) as transformers applies it: tokens already in the
     prompt or completion have positive logits divided by ``penalty`` and negative ones multiplied."""
     penalised_MV = torch.where(logits_MV < 0, logits_MV * penalty, logits_MV / penalty)
@@ -355,9 +313,7 @@ def filter_logits(scores_MV: torch.Tensor, sampling: SamplingParams) -> torch.Te
         cum_MV = sorted_MV.softmax(dim=-1).cumsum(dim=-1)
         drop_sorted_MV = cum_MV <= (1 - sampling.top_p)
         drop_sorted_MV[:, -1] = False  # keep the most likely token
-        scores_MV = scores_MV.masked_fill(
-            drop_sorted_MV.scatter(1, order_MV, drop_sorted_MV), neg_inf
-        )
+        scores_MV = scores_MV.masked_fill(drop_sorted_MV.scatter(1, order_MV, drop_sorted_MV), neg_inf)
     if sampling.min_p > 0.0:
         probs_MV = scores_MV.softmax(dim=-1)
         threshold_M1 = sampling.min_p * probs_MV.amax(dim=-1, keepdim=True)

@@ -91,11 +91,7 @@ def _compiler() -> str | None:
 def _cpu_signature() -> str:
     try:
         with open("/proc/cpuinfo") as f:
-            lines = [
-                line
-                for line in f
-                if line.startswith(("model name", "flags", "Features"))
-            ]
+            lines = [line for line in f if line.startswith(("model name", "flags", "Features"))]
         return "".join(sorted(set(lines)))
     except OSError:
         return platform.processor() or platform.machine()
@@ -221,19 +217,11 @@ def _f32(*tensors) -> bool:
 
 
 def _plain_linear(m, bias_ok: bool) -> bool:
-    return (
-        type(m) is torch.nn.Linear
-        and (bias_ok or m.bias is None)
-        and _f32(m.weight, m.bias)
-    )
+    return type(m) is torch.nn.Linear and (bias_ok or m.bias is None) and _f32(m.weight, m.bias)
 
 
 def _plain_norm(m) -> bool:
-    return (
-        type(m).__name__ in PLAIN_RMS_NORMS
-        and hasattr(m, "variance_epsilon")
-        and _f32(m.weight)
-    )
+    return type(m).__name__ in PLAIN_RMS_NORMS and hasattr(m, "variance_epsilon") and _f32(m.weight)
 
 
 def unsupported(lm) -> str | None:
@@ -245,21 +233,15 @@ def unsupported(lm) -> str | None:
     # walk cost more than the tiny model's prefill).
     if not _f32(base.embed_tokens.weight, lm.lm_head.weight):
         return "the model is not float32"
-    if type(base.embed_tokens) is not torch.nn.Embedding or not _plain_linear(
-        lm.lm_head, False
-    ):
+    if type(base.embed_tokens) is not torch.nn.Embedding or not _plain_linear(lm.lm_head, False):
         return "the embedding or LM head is wrapped or biased"
     norms = [base.norm]
     for layer in base.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        if not all(
-            _plain_linear(getattr(attn, n), True)
-            for n in ("q_proj", "k_proj", "v_proj")
-        ):
+        if not all(_plain_linear(getattr(attn, n), True) for n in ("q_proj", "k_proj", "v_proj")):
             return "a q/k/v projection is wrapped (LoRA or quantised) or not float32"
         if not _plain_linear(attn.o_proj, True) or not all(
-            _plain_linear(getattr(mlp, n, None), True)
-            for n in ("gate_proj", "up_proj", "down_proj")
+            _plain_linear(getattr(mlp, n, None), True) for n in ("gate_proj", "up_proj", "down_proj")
         ):
             return "an output or MLP projection is wrapped (LoRA or quantised) or not float32"
         if type(getattr(mlp, "act_fn", None)).__name__ not in (
@@ -284,11 +266,7 @@ def rope_table(lm, positions: int) -> torch.Tensor:
     probe = base.embed_tokens.weight[:1, None]  # the module reads only dtype and device
     cos, sin = base.rotary_emb(probe, torch.arange(positions)[None])
     half = cos.shape[-1] // 2
-    return (
-        torch.cat((cos[0], -sin[0, :, :half], sin[0, :, half:]), dim=-1)
-        .float()
-        .contiguous()
-    )
+    return torch.cat((cos[0], -sin[0, :, :half], sin[0, :, half:]), dim=-1).float().contiguous()
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -363,9 +341,7 @@ class KernelDecode:
         self.logp_NC = torch.zeros((N, C), dtype=torch.float32)
         self.alive_N = torch.ones(N, dtype=torch.int32)
         self.first_logits_BV = torch.empty(B, cfg.vocab_size)
-        uniforms = (
-            torch.zeros(C, N) if greedy else torch.rand(C, N, generator=generator)
-        )
+        uniforms = torch.zeros(C, N) if greedy else torch.rand(C, N, generator=generator)
         # Every step's logits, only for the tests that hold them against the Hugging Face forward.
         self.logits_NCV = torch.zeros(N, C, cfg.vocab_size) if keep_logits else None
         sgemm, threads, _ = sgemm_pointers()
@@ -408,13 +384,9 @@ class KernelDecode:
         the GIL for the call). ``kind``: PREFILL, DECODE or BOTH (prefill, then steps [t0, t1))."""
         flat = [v for s in slices for v in s]
         bounds = (ctypes.c_int32 * len(flat))(*flat)
-        rc = self.lib.rlvr_run(
-            ctypes.byref(self.ctx), kind, len(slices), bounds, t0, t1
-        )
+        rc = self.lib.rlvr_run(ctypes.byref(self.ctx), kind, len(slices), bounds, t0, t1)
         if rc:
-            raise MemoryError(
-                "the native CPU decode kernel could not allocate its scratch memory"
-            )
+            raise MemoryError("the native CPU decode kernel could not allocate its scratch memory")
 
 
 PREFILL, DECODE, BOTH = 0, 1, 2

@@ -71,11 +71,7 @@ def _pre_tokenizer_kind(tok_json: dict) -> str:
     pre = tok_json.get("pre_tokenizer")
     if pre is None:
         return "none"
-    gpt2 = (
-        pre.get("type") == "ByteLevel"
-        and pre.get("use_regex", True)
-        and not pre.get("add_prefix_space")
-    )
+    gpt2 = pre.get("type") == "ByteLevel" and pre.get("use_regex", True) and not pre.get("add_prefix_space")
     return "gpt2" if gpt2 else "other"
 
 
@@ -112,9 +108,7 @@ def gguf_vocab(
     vocab.update(specials)
     V = max(vocab.values()) + 1
     if sorted(vocab.values()) != list(range(V)):
-        raise ValueError(
-            f"gguf_export: token ids in {model_dir}/tokenizer.json are not 0..{V - 1} without gaps."
-        )
+        raise ValueError(f"gguf_export: token ids in {model_dir}/tokenizer.json are not 0..{V - 1} without gaps.")
     tokens, types = [""] * V, [_NORMAL] * V
     unk = model.get("unk_token")
     for text, i in vocab.items():
@@ -122,10 +116,7 @@ def gguf_vocab(
         tokens[i] = text if special or byte_level else _byte_level(text)
         types[i] = _UNKNOWN if text == unk else _CONTROL if special else _NORMAL
     config = json.loads((Path(model_dir) / "tokenizer_config.json").read_text())
-    special_ids = {
-        role: vocab.get(config.get(f"{role}_token") or "")
-        for role in ("bos", "eos", "pad", "unk")
-    }
+    special_ids = {role: vocab.get(config.get(f"{role}_token") or "") for role in ("bos", "eos", "pad", "unk")}
     return tokens, types, merges, special_ids
 
 
@@ -153,9 +144,7 @@ def export_llama_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
         )
     shards = sorted(model_dir.glob("*.safetensors"))
     if not shards:
-        raise FileNotFoundError(
-            f"gguf_export: no *.safetensors in {model_dir} (save with safe_serialization)."
-        )
+        raise FileNotFoundError(f"gguf_export: no *.safetensors in {model_dir} (save with safe_serialization).")
     state = {k: v for shard in shards for k, v in load_file(str(shard)).items()}
     H, L = cfg["hidden_size"], cfg["num_hidden_layers"]
     n_head = cfg["num_attention_heads"]
@@ -164,13 +153,9 @@ def export_llama_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
     rope = cfg.get("rope_parameters") or {}
     rope_theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
     if rope.get("rope_type", "default") != "default" or cfg.get("rope_scaling"):
-        raise ValueError(
-            f"gguf_export: {model_dir} uses RoPE scaling {rope or cfg.get('rope_scaling')}; not exported."
-        )
+        raise ValueError(f"gguf_export: {model_dir} uses RoPE scaling {rope or cfg.get('rope_scaling')}; not exported.")
     if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-        raise ValueError(
-            f"gguf_export: {model_dir} has attention/MLP biases; llama.cpp's llama layout has none."
-        )
+        raise ValueError(f"gguf_export: {model_dir} has attention/MLP biases; llama.cpp's llama layout has none.")
 
     tokens, types, merges, special = gguf_vocab(model_dir)
     writer = gguf.GGUFWriter(str(out_path), arch="llama")
@@ -198,9 +183,7 @@ def export_llama_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
     if not merges:
         long_tokens = [t for t in tokens if len(t) > 1 and " " not in t][:2]
         if len(long_tokens) < 2:
-            raise ValueError(
-                f"gguf_export: {model_dir} has no merges and fewer than two multi-character tokens."
-            )
+            raise ValueError(f"gguf_export: {model_dir} has no merges and fewer than two multi-character tokens.")
         merges = [" ".join(long_tokens)]
     writer.add_token_merges(merges)
     for role, add in (
@@ -223,9 +206,7 @@ def export_llama_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
             continue
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if name is None:
-            raise ValueError(
-                f"gguf_export: no GGUF name for tensor {hf_name!r} of {model_dir}."
-            )
+            raise ValueError(f"gguf_export: no GGUF name for tensor {hf_name!r} of {model_dir}.")
         w = w.float()
         if hf_name.endswith("self_attn.q_proj.weight"):
             w = _rope_pairs_adjacent(w, n_head)
@@ -241,7 +222,5 @@ def export_llama_gguf(model_dir: str | Path, out_path: str | Path) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit(
-            "usage: python -m rlvr.rollout.gguf_export <hf_llama_folder> <out.gguf>"
-        )
+        sys.exit("usage: python -m rlvr.rollout.gguf_export <hf_llama_folder> <out.gguf>")
     print(export_llama_gguf(sys.argv[1], sys.argv[2]))

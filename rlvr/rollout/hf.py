@@ -37,10 +37,7 @@ class _StopStrings(StoppingCriteria):
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.BoolTensor:
         done = [
-            stop_prefix_length(
-                row[self.prompt_len :].tolist(), self.tokenizer, self.stops
-            )
-            is not None
+            stop_prefix_length(row[self.prompt_len :].tolist(), self.tokenizer, self.stops) is not None
             for row in input_ids
         ]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
@@ -57,17 +54,13 @@ class HFEngine:
     def describe(self, sampling: SamplingParams) -> str:
         return "hf engine: transformers generate on the live policy"
 
-    def __init__(
-        self, model, tokenizer, eos_token_ids: int | Sequence[int] | None = None
-    ):
+    def __init__(self, model, tokenizer, eos_token_ids: int | Sequence[int] | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.eos_ids = resolve_eos_ids(model, tokenizer, eos_token_ids)
         self.pad_id = resolve_pad_id(tokenizer, self.eos_ids)
 
-    def generate(
-        self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams
-    ) -> list[Completion]:
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams) -> list[Completion]:
         validate_request(prompt_ids, n, sampling)
         device = next(self.model.parameters()).device
         ids_BP, mask_BP = left_pad(prompt_ids, self.pad_id, device)
@@ -99,9 +92,7 @@ class HFEngine:
             "use_cache": True,
         }
         if sampling.stop:
-            kwargs["stopping_criteria"] = StoppingCriteriaList(
-                [_StopStrings(self.tokenizer, sampling.stop, P)]
-            )
+            kwargs["stopping_criteria"] = StoppingCriteriaList([_StopStrings(self.tokenizer, sampling.stop, P)])
         devices = [device] if device.type == "cuda" else []
         with (
             policy_eval(self.model),
@@ -109,37 +100,20 @@ class HFEngine:
         ):
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
-            out = self.model.generate(
-                input_ids=ids_BP, attention_mask=mask_BP, **kwargs
-            )
+            out = self.model.generate(input_ids=ids_BP, attention_mask=mask_BP, **kwargs)
         tokens_NC = out.sequences[:, P:]
         # The sampling distribution's log-prob of the sampled token; greedy: T = 1 (rlvr.rollout.common).
         logits_NCV = torch.stack(out.logits if greedy else out.scores, dim=1).float()
-        logp_NC = (
-            torch.log_softmax(logits_NCV, dim=-1)
-            .gather(2, tokens_NC[:, :, None])
-            .squeeze(2)
-        )
-        is_eos_NC = torch.isin(
-            tokens_NC, torch.tensor(self.eos_ids, device=tokens_NC.device)
-        )
+        logp_NC = torch.log_softmax(logits_NCV, dim=-1).gather(2, tokens_NC[:, :, None]).squeeze(2)
+        is_eos_NC = torch.isin(tokens_NC, torch.tensor(self.eos_ids, device=tokens_NC.device))
         tokens, logps, eos_hits = (
             tokens_NC.tolist(),
             logp_NC.tolist(),
             is_eos_NC.tolist(),
         )
 
-        rows = (
-            [i for i in range(len(prompt_ids)) for _ in range(n)]
-            if greedy
-            else range(len(prompt_ids) * n)
-        )
-        lengths = [
-            eos_hits[row].index(True) + 1
-            if True in eos_hits[row]
-            else len(eos_hits[row])
-            for row in rows
-        ]
+        rows = [i for i in range(len(prompt_ids)) for _ in range(n)] if greedy else range(len(prompt_ids) * n)
+        lengths = [eos_hits[row].index(True) + 1 if True in eos_hits[row] else len(eos_hits[row]) for row in rows]
         ids = [tokens[row][:length] for row, length in zip(rows, lengths)]
         texts = batch_decode(self.tokenizer, ids)
         return [

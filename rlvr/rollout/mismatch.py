@@ -37,10 +37,7 @@ def logprob_mismatch_metrics(
       (the GSPO sequence ratio). Healthy: all ≈ 1.
     - ``tokens``: how many tokens were compared.
     """
-    if (
-        sampler_logp_NT.shape != trainer_logp_NT.shape
-        or sampler_logp_NT.shape != mask_NT.shape
-    ):
+    if sampler_logp_NT.shape != trainer_logp_NT.shape or sampler_logp_NT.shape != mask_NT.shape:
         raise ValueError(
             "sampler_logp_NT, trainer_logp_NT and mask_NT must have the same [N, T] shape; got "
             f"{tuple(sampler_logp_NT.shape)}, {tuple(trainer_logp_NT.shape)}, {tuple(mask_NT.shape)}. "
@@ -137,9 +134,7 @@ def check_mismatch(
     if not problems:
         return None
     return (
-        "sampler/trainer log-prob mismatch is large: "
-        + "; ".join(problems)
-        + ". The rollouts are "
+        "sampler/trainer log-prob mismatch is large: " + "; ".join(problems) + ". The rollouts are "
         "off-policy for the trainer. Usual causes: the sampler and trainer use different temperatures; "
         "top-p / top-k / min-p or a repetition penalty shape the sampling distribution (the trainer "
         "scores the unfiltered one); the sampler holds stale weights (an OpenAI-compatible server "

@@ -76,20 +76,14 @@ def fast_path_supported(model) -> tuple[bool, str]:
     if model_type not in FAST_PATH_MODEL_TYPES:
         return False, f"model_type {model_type!r} is not one of {FAST_PATH_MODEL_TYPES}"
     layer_types = getattr(cfg, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types) or getattr(
-        cfg, "use_sliding_window", False
-    ):
+    if any(t != "full_attention" for t in layer_types) or getattr(cfg, "use_sliding_window", False):
         return (
             False,
             "sliding-window attention layers are not implemented by the fast path",
         )
     base = getattr(lm, "model", None)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
-    if (
-        base is None
-        or not all(hasattr(base, a) for a in needed)
-        or not hasattr(lm, "lm_head")
-    ):
+    if base is None or not all(hasattr(base, a) for a in needed) or not hasattr(lm, "lm_head"):
         return (
             False,
             "unexpected module layout (expected model.{embed_tokens,layers,norm,rotary_emb} and lm_head)",
@@ -124,12 +118,7 @@ def _fused_linear(modules):
     weight = torch.cat([m.weight for m in modules], dim=0)
     if all(m.bias is None for m in modules):
         return lambda x: F.linear(x, weight)
-    bias = torch.cat(
-        [
-            m.bias if m.bias is not None else m.weight.new_zeros(m.out_features)
-            for m in modules
-        ]
-    )
+    bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules])
     return lambda x: F.linear(x, weight, bias)
 
 
@@ -156,12 +145,7 @@ def _rms_norm(module, dtype: torch.dtype):
         getattr(module, "weight", None),
         getattr(module, "variance_epsilon", None),
     )
-    if (
-        dtype == torch.float32
-        and type(module).__name__ in _PLAIN_RMS_NORMS
-        and weight is not None
-        and eps is not None
-    ):
+    if dtype == torch.float32 and type(module).__name__ in _PLAIN_RMS_NORMS and weight is not None and eps is not None:
         inv_dim = 1.0 / weight.shape[-1]
         eps_t = torch.tensor(eps, dtype=weight.dtype, device=weight.device)
 
@@ -199,9 +183,9 @@ class _LayerOps:
         self.q_norm = _rms_norm(attn.q_norm, dtype) if hasattr(attn, "q_norm") else None
         self.k_norm = _rms_norm(attn.k_norm, dtype) if hasattr(attn, "k_norm") else None
         act = getattr(mlp, "act_fn", None)
-        plain_silu = all(
-            _plain(getattr(mlp, n, None)) for n in ("gate_proj", "up_proj", "down_proj")
-        ) and type(act).__name__ in ("SiLUActivation", "SiLU")
+        plain_silu = all(_plain(getattr(mlp, n, None)) for n in ("gate_proj", "up_proj", "down_proj")) and type(
+            act
+        ).__name__ in ("SiLUActivation", "SiLU")
         if not plain_silu:
             self.mlp_out = lambda x, h: x + mlp(h)
             return
@@ -257,9 +241,7 @@ class LlamaFamilyDecoder:
             qk = torch.cat((q_norm(qk[:, :H]), k_norm(qk[:, H:])), dim=1)
         return torch.addcmul(qk * cos, qk.roll(D // 2, -1), sin)
 
-    def prefill(
-        self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, n: int, max_new: int
-    ) -> torch.Tensor:
+    def prefill(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, n: int, max_new: int) -> torch.Tensor:
         """Run the B prompts once, broadcast their KV into the n rows of each group; returns logits_BV
         of each prompt's last position."""
         B, P = ids_BP.shape
@@ -275,41 +257,26 @@ class LlamaFamilyDecoder:
         # rotate_half(q)·sin == roll(q, D/2)·sin_signed.
         cos_1SD, sin_1SD = self.rotary(x, torch.arange(S, device=device)[None])
         cos_SD = cos_1SD[0]
-        sin_signed_SD = torch.cat(
-            (-sin_1SD[0, :, : D // 2], sin_1SD[0, :, D // 2 :]), dim=-1
-        )
+        sin_signed_SD = torch.cat((-sin_1SD[0, :, : D // 2], sin_1SD[0, :, D // 2 :]), dim=-1)
         self.rope_SR = torch.cat((cos_SD, sin_signed_SD), dim=-1)  # R = 2D
         self.final_norm, self.head = (
             _rms_norm(self.norm, x.dtype),
             _linear(self.lm_head),
         )
-        self.embed_weight = (
-            self.embed.weight if type(self.embed) is torch.nn.Embedding else None
-        )
+        self.embed_weight = self.embed.weight if type(self.embed) is torch.nn.Embedding else None
         cos_Q1D = cos_SD[pos_BP].flatten(0, 1)[:, None]  # Q = B·P
         sin_Q1D = sin_signed_SD[pos_BP].flatten(0, 1)[:, None]
         # Causal and padding mask; each position also sees itself so left-pad rows are never all -inf
         # (their outputs are never read, and their keys are masked for every real query).
         causal_PP = torch.ones(P, P, dtype=torch.bool, device=device).tril()
         eye_PP = torch.eye(P, dtype=torch.bool, device=device)
-        attn_mask = ((causal_PP[None] & valid_BP[:, None, :]) | eye_PP[None])[
-            :, None
-        ]  # [B, 1, P, P]
+        attn_mask = ((causal_PP[None] & valid_BP[:, None, :]) | eye_PP[None])[:, None]  # [B, 1, P, P]
         # Zero-filled, not empty: decode attends over a bucketed key length that can include
         # not-yet-written slots (masked with -inf), and 0·garbage could be NaN.
-        self.k_cache = [
-            torch.zeros(N, Hkv, S, D, dtype=x.dtype, device=device) for _ in self.layers
-        ]
-        self.v_cache = [
-            torch.zeros(N, Hkv, S, D, dtype=x.dtype, device=device) for _ in self.layers
-        ]
-        self.qk_norms = [
-            None if ops.q_norm is None else (ops.q_norm, ops.k_norm)
-            for ops in self.layer_ops
-        ]
-        for ops, qk_norms, kc, vc in zip(
-            self.layer_ops, self.qk_norms, self.k_cache, self.v_cache
-        ):
+        self.k_cache = [torch.zeros(N, Hkv, S, D, dtype=x.dtype, device=device) for _ in self.layers]
+        self.v_cache = [torch.zeros(N, Hkv, S, D, dtype=x.dtype, device=device) for _ in self.layers]
+        self.qk_norms = [None if ops.q_norm is None else (ops.q_norm, ops.k_norm) for ops in self.layer_ops]
+        for ops, qk_norms, kc, vc in zip(self.layer_ops, self.qk_norms, self.k_cache, self.v_cache):
             qkv = ops.qkv(ops.norm1(x))
             qk = self._rope_qk(qkv, B * P, cos_Q1D, sin_Q1D, qk_norms)
             qk = qk.view(B, P, H + Hkv, D)
@@ -324,9 +291,7 @@ class LlamaFamilyDecoder:
                     k.repeat_interleave(self.Gq, dim=1),
                     v.repeat_interleave(self.Gq, dim=1),
                 )
-            o = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attn_mask, scale=self.scale
-            )
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
             x = ops.attn_out(x, o.transpose(1, 2).reshape(B * P, H * D))
             x = ops.mlp_out(x, ops.norm2(x))
         # Additive key mask for decode, one row per (sequence, KV head) as the batched matmuls
@@ -335,9 +300,7 @@ class LlamaFamilyDecoder:
         key_bias_NS = torch.full((N, S), float("-inf"), dtype=x.dtype, device=device)
         key_bias_NS[:, :P].masked_fill_(valid_BP.repeat_interleave(n, dim=0), 0.0)
         self.key_bias_XS = key_bias_NS.repeat_interleave(Hkv, dim=0)  # X = N·Hkv
-        self.pos_N = mask_BP.sum(-1).repeat_interleave(
-            n, dim=0
-        )  # next position = prompt length
+        self.pos_N = mask_BP.sum(-1).repeat_interleave(n, dim=0)  # next position = prompt length
         self.cur = P
         return self.lm_head(self.norm(x.view(B, P, -1)[:, -1]))
 
@@ -354,14 +317,8 @@ class LlamaFamilyDecoder:
         """
         M, s = token_M.shape[0], self.cur
         H, Hkv, Gq, D = self.H, self.Hkv, self.Gq, self.D
-        x = (
-            F.embedding(token_M, self.embed_weight)
-            if self.embed_weight is not None
-            else self.embed(token_M)
-        )  # [M, E]
-        rope_M1R = self.rope_SR.index_select(0, self.pos_N)[
-            :, None
-        ]  # one gather for cos and sin
+        x = F.embedding(token_M, self.embed_weight) if self.embed_weight is not None else self.embed(token_M)  # [M, E]
+        rope_M1R = self.rope_SR.index_select(0, self.pos_N)[:, None]  # one gather for cos and sin
         cos_M1D, sin_M1D = rope_M1R[..., :D], rope_M1R[..., D:]
         # Grouped-query attention without expanding K/V: the Gq query heads that share a KV head are
         # the rows of one small matmul against that head's cache, [Gq, D] x [D, K].
@@ -373,9 +330,7 @@ class LlamaFamilyDecoder:
         K = min(self.key_bias_XS.shape[-1], -(-(s + 1) // KEY_BUCKET) * KEY_BUCKET)
         self.key_bias_XS[:, s] = 0.0
         bias_X1K = self.key_bias_XS[:, None, :K]
-        for ops, qk_norms, kc, vc in zip(
-            self.layer_ops, self.qk_norms, self.k_cache, self.v_cache
-        ):
+        for ops, qk_norms, kc, vc in zip(self.layer_ops, self.qk_norms, self.k_cache, self.v_cache):
             qkv = ops.qkv(ops.norm1(x))
             qk = self._rope_qk(qkv, M, cos_M1D, sin_M1D, qk_norms)
             kc[:, :, s] = qk[:, H:]
@@ -383,9 +338,7 @@ class LlamaFamilyDecoder:
             q_XGD = qk[:, :H].reshape(M * Hkv, Gq, D)
             k_XKD = kc[:, :, :K].flatten(0, 1)
             v_XKD = vc[:, :, :K].flatten(0, 1)
-            scores_XGK = torch.baddbmm(
-                bias_X1K, q_XGD, k_XKD.transpose(1, 2), alpha=self.scale
-            )
+            scores_XGK = torch.baddbmm(bias_X1K, q_XGD, k_XKD.transpose(1, 2), alpha=self.scale)
             o_XGD = torch.bmm(scores_XGK.softmax(dim=-1), v_XKD)
             x = ops.attn_out(x, o_XGD.view(M, H * D))
             x = ops.mlp_out(x, ops.norm2(x))
@@ -398,9 +351,7 @@ class LlamaFamilyDecoder:
         self.k_cache = [k.index_select(0, rows_M) for k in self.k_cache]
         self.v_cache = [v.index_select(0, rows_M) for v in self.v_cache]
         Hkv, S = self.Hkv, self.key_bias_XS.shape[-1]
-        self.key_bias_XS = (
-            self.key_bias_XS.view(-1, Hkv, S).index_select(0, rows_M).view(-1, S)
-        )
+        self.key_bias_XS = self.key_bias_XS.view(-1, Hkv, S).index_select(0, rows_M).view(-1, S)
         self.pos_N = self.pos_N.index_select(0, rows_M)
 
     def release(self) -> None:
@@ -415,18 +366,14 @@ class HFCacheDecoder:
     def __init__(self, model):
         self.model = model
         params = inspect.signature(_unwrap(model).forward).parameters
-        self.cache_kw = (
-            "cache" if "cache" in params else "past_key_values"
-        )  # transformers 5 renamed it
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"  # transformers 5 renamed it
         self.keep_kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     def _cache_of(self, out):
         cache = getattr(out, "cache", None)
         return cache if cache is not None else out.past_key_values
 
-    def prefill(
-        self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, n: int, max_new: int
-    ) -> torch.Tensor:
+    def prefill(self, ids_BP: torch.Tensor, mask_BP: torch.Tensor, n: int, max_new: int) -> torch.Tensor:
         B, P = ids_BP.shape
         pos_BP = (mask_BP.cumsum(-1) - 1).clamp(min=0)
         out = self.model(
@@ -437,12 +384,8 @@ class HFCacheDecoder:
             **self.keep_kw,
         )
         self.cache = self._cache_of(out)
-        self.cache.batch_repeat_interleave(
-            n
-        )  # prompt KV shared by the group: copied, not recomputed
-        self.mask_NS = torch.ones(
-            B * n, P + max_new, dtype=mask_BP.dtype, device=mask_BP.device
-        )
+        self.cache.batch_repeat_interleave(n)  # prompt KV shared by the group: copied, not recomputed
+        self.mask_NS = torch.ones(B * n, P + max_new, dtype=mask_BP.dtype, device=mask_BP.device)
         self.mask_NS[:, :P] = mask_BP.repeat_interleave(n, dim=0)
         self.pos_N = mask_BP.sum(-1).repeat_interleave(n, dim=0)
         self.cur = P
@@ -474,11 +417,7 @@ class HFCacheDecoder:
 @contextlib.contextmanager
 def _cpu_threads(threads: int | None, model) -> Iterator[None]:
     previous = torch.get_num_threads()
-    switch = (
-        threads is not None
-        and threads != previous
-        and next(model.parameters()).device.type == "cpu"
-    )
+    switch = threads is not None and threads != previous and next(model.parameters()).device.type == "cpu"
     if switch:
         torch.set_num_threads(threads)
     try:
@@ -537,9 +476,7 @@ class NativeEngine:
             )
         self.fast_path = supported if fast_path is None else bool(fast_path)
         if not 0.0 < compact_fraction <= 1.0:
-            raise ValueError(
-                f"compact_fraction must be in (0, 1], got {compact_fraction}."
-            )
+            raise ValueError(f"compact_fraction must be in (0, 1], got {compact_fraction}.")
         self.compact_fraction = compact_fraction
         self.sync_every = sync_every
         # The C kernel runs one row slice per thread: an explicit cpu_threads, else every thread
@@ -550,28 +487,18 @@ class NativeEngine:
             hidden = getattr(_unwrap(model).config, "hidden_size", None)
             cpu_threads = 1 if hidden is not None and hidden < 512 else None
         elif not (isinstance(cpu_threads, int) and cpu_threads >= 1):
-            raise ValueError(
-                f"cpu_threads must be 'auto' or an int >= 1, got {cpu_threads!r}."
-            )
+            raise ValueError(f"cpu_threads must be 'auto' or an int >= 1, got {cpu_threads!r}.")
         self.cpu_threads = cpu_threads
         if cpu_kernel not in (None, True, False):
-            raise ValueError(
-                f"cpu_kernel must be None (auto), True or False, got {cpu_kernel!r}."
-            )
+            raise ValueError(f"cpu_kernel must be None (auto), True or False, got {cpu_kernel!r}.")
         self.cpu_kernel = cpu_kernel
         # "kernel" or "torch": which decoder the last call used.
         self.last_decoder: str | None = None
 
     def _decoder(self):
-        return (
-            LlamaFamilyDecoder(self.model)
-            if self.fast_path
-            else HFCacheDecoder(self.model)
-        )
+        return LlamaFamilyDecoder(self.model) if self.fast_path else HFCacheDecoder(self.model)
 
-    def generate(
-        self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams
-    ) -> list[Completion]:
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams) -> list[Completion]:
         validate_request(prompt_ids, n, sampling)
         # Greedy rows of one group are identical: decode one per prompt and repeat it.
         n_decode = 1 if sampling.temperature == 0.0 else n
@@ -585,9 +512,7 @@ class NativeEngine:
             )
         tokens, logps = tokens_NC.tolist(), logp_NC.tolist()
         eos = set(self.eos_ids)
-        lengths = [
-            toks.index(-1) if -1 in toks else len(toks) for toks in tokens
-        ]  # -1: row had finished
+        lengths = [toks.index(-1) if -1 in toks else len(toks) for toks in tokens]  # -1: row had finished
         ids = [toks[:length] for toks, length in zip(tokens, lengths)]
         texts = batch_decode(self.tokenizer, ids)
         return [
@@ -691,11 +616,7 @@ class NativeEngine:
         elif sampler.filtered or sampler.use_penalty:
             why = "top-k / top-p / min-p / repetition penalty are sampled by the PyTorch decoder"
         else:
-            why = (
-                cpu_kernel.unsupported(_unwrap(self.model))
-                or cpu_kernel.load()[1]
-                or None
-            )
+            why = cpu_kernel.unsupported(_unwrap(self.model)) or cpu_kernel.load()[1] or None
             if why is None and self.cpu_kernel is None and cpu_kernel.sgemm_pointers()[0] is None:
                 # Without BLAS the kernel's matmuls are a portable scalar loop, slower than PyTorch at any
                 # model size: auto mode picks the kernel only where it is fast (cpu_kernel=True still forces it).
@@ -740,9 +661,7 @@ class NativeEngine:
 
             def stop_check(t: int) -> bool:
                 alive = run.alive_N.tolist()
-                stopped = self._apply_stops(
-                    run.tokens_NC, rows_N, alive, t, sampling.stop
-                )
+                stopped = self._apply_stops(run.tokens_NC, rows_N, alive, t, sampling.stop)
                 for r, (was, now) in enumerate(zip(alive, stopped)):
                     if was and not now:
                         run.alive_N[r] = 0

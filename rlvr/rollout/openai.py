@@ -135,8 +135,9 @@ class CompletionsClient:
 class OpenAIDialect:
     """vLLM, SGLang, TGI, llama.cpp's llama-server: token-id prompts, ``n`` choices in one request."""
 
-    def choices(self, client: CompletionsClient, model_name: str, tokenizer, prompt: list[int], n: int,
-                sampling: SamplingParams) -> list[dict]:
+    def choices(
+        self, client: CompletionsClient, model_name: str, tokenizer, prompt: list[int], n: int, sampling: SamplingParams
+    ) -> list[dict]:
         payload = {
             "model": model_name,
             "prompt": prompt,
@@ -167,12 +168,14 @@ class LlamaCppPythonDialect:
     """``python -m llama_cpp.server`` (0.3.x): a text prompt, one choice per request, every filter explicit
     (its defaults filter), its own name for the repetition penalty (see the module docstring)."""
 
-    def choices(self, client: CompletionsClient, model_name: str, tokenizer, prompt: list[int], n: int,
-                sampling: SamplingParams) -> list[dict]:
+    def choices(
+        self, client: CompletionsClient, model_name: str, tokenizer, prompt: list[int], n: int, sampling: SamplingParams
+    ) -> list[dict]:
         return [self._one(client, model_name, tokenizer, prompt, sampling, i) for i in range(n)]
 
-    def _one(self, client: CompletionsClient, model_name: str, tokenizer, prompt: list[int],
-             sampling: SamplingParams, i: int) -> dict:
+    def _one(
+        self, client: CompletionsClient, model_name: str, tokenizer, prompt: list[int], sampling: SamplingParams, i: int
+    ) -> dict:
         payload = {
             "model": model_name,
             # Special tokens kept so the server's tokenizer (special=True) maps "<s>" back to BOS.
@@ -242,8 +245,15 @@ def choice_ids(choice: dict, tokenizer) -> tuple[list[int], list[float] | None]:
 class PolicyExporter:
     """Writes the live policy for a server to reload and tells the server to reload it."""
 
-    def __init__(self, model, tokenizer, export_dir: str | None, reload_url: str | None,
-                 reload_command: str | None, ready_timeout_s: float):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        export_dir: str | None,
+        reload_url: str | None,
+        reload_command: str | None,
+        ready_timeout_s: float,
+    ):
         self.model, self.tokenizer = model, tokenizer
         self.export_dir = export_dir or tempfile.mkdtemp(prefix="rlvr-policy-export-")
         self.reload_url, self.reload_command, self.ready_timeout_s = reload_url, reload_command, ready_timeout_s
@@ -263,15 +273,17 @@ class PolicyExporter:
 
     def ask_server_to_reload(self, final: str, version: int) -> None:
         if self.reload_url:
-            req = urllib.request.Request(self.reload_url, data=json.dumps({"path": final, "version": version}).encode(),
-                                         method="POST")
+            req = urllib.request.Request(
+                self.reload_url, data=json.dumps({"path": final, "version": version}).encode(), method="POST"
+            )
             req.add_header("Content-Type", "application/json")
             with urllib.request.urlopen(req, timeout=self.ready_timeout_s):
                 pass
         if self.reload_command:
             cmd = self.reload_command.format(path=shlex.quote(final), version=version)
-            done = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=self.ready_timeout_s,
-                                  check=False)
+            done = subprocess.run(
+                cmd, shell=True, capture_output=True, text=True, timeout=self.ready_timeout_s, check=False
+            )
             if done.returncode != 0:
                 raise RuntimeError(
                     f"openai engine: reload_command exited {done.returncode}: {done.stderr[-500:]}. "
@@ -368,17 +380,24 @@ class OpenAICompletionsEngine:
         n_request = 1 if sampling.temperature == 0.0 else n  # greedy: one, repeated (module docstring)
         if sampling.seed is not None:  # this prompt's own noise streams, index·n + j
             sampling = dataclasses.replace(sampling, seed=stream_seed(sampling.seed, index * n))
-        choices = self.request_dialect.choices(self.client, self.model_name, self.tokenizer, prompt, n_request,
-                                               sampling)
+        choices = self.request_dialect.choices(
+            self.client, self.model_name, self.tokenizer, prompt, n_request, sampling
+        )
         if len(choices) != n_request:
             raise RuntimeError(
-                f"openai engine: asked for n={n_request} completions, the server returned {len(choices)}.")
+                f"openai engine: asked for n={n_request} completions, the server returned {len(choices)}."
+            )
         eos = set(self.eos_ids)
         out = []
         for choice in choices:
             ids, logprobs, hit_eos = cut_at_eos(*choice_ids(choice, self.tokenizer), eos)
             completion = make_completion(
-                index, ids, logprobs, hit_eos, self.tokenizer, sampling.stop,
+                index,
+                ids,
+                logprobs,
+                hit_eos,
+                self.tokenizer,
+                sampling.stop,
                 extra={"policy_lag": self.policy_lag, "server_finish_reason": choice.get("finish_reason")},
             )
             # A server may stop on its own EOS list (e.g. the GGUF's) that we do not know about.

@@ -85,9 +85,7 @@ def model_source(model, model_path: str | None) -> str:
     )
 
 
-def sampling_groups(
-    prompt_ids: list[list[int]], n: int, sampling: SamplingParams
-) -> tuple[int, list[int | None]]:
+def sampling_groups(prompt_ids: list[list[int]], n: int, sampling: SamplingParams) -> tuple[int, list[int | None]]:
     """``(n_request, seeds)``: the completions to ask per prompt and each prompt's seed.
 
     Greedy decoding is deterministic and vLLM refuses ``n > 1`` with it ("n must be 1 when using greedy
@@ -294,9 +292,7 @@ class VLLMColocateEngine:
             outs = sorted(request_output.outputs, key=lambda o: o.index)
             for out in outs * (n // n_request):  # greedy: the one completion, n times
                 completions.append(
-                    completion_from_output(
-                        index, out, eos, self.tokenizer, sampling, {"policy_version": self.version}
-                    )
+                    completion_from_output(index, out, eos, self.tokenizer, sampling, {"policy_version": self.version})
                 )
         return completions
 
@@ -446,9 +442,11 @@ class VLLMServerEngine:
         return out
 
     def describe(self, sampling: SamplingParams) -> str:
-        push = {"nccl": "weights pushed over NCCL after every optimizer step",
-                "reload": f"weights reloaded from disk every {self.reload_every} optimizer steps",
-                "none": "fixed server weights"}[self.push]
+        push = {
+            "nccl": "weights pushed over NCCL after every optimizer step",
+            "reload": f"weights reloaded from disk every {self.reload_every} optimizer steps",
+            "none": "fixed server weights",
+        }[self.push]
         return f"vllm engine: vLLM server at {self.http.base_url}, {push}"
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -510,8 +508,10 @@ def check_processed_logprobs(http: OpenAICompletionsEngine) -> None:
     ``raw_logprobs`` are ``log_softmax`` of the raw logits (< 0 unless the model is certain to 1 − 1e-6 of
     the probe's first token), and the ``*_logits`` modes are not log-probs at all."""
     probe = SamplingParams(temperature=0.5, top_k=1, max_tokens=1)
-    choice = (http.request_dialect.choices(http.client, http.model_name, http.tokenizer, list(http.eos_ids[:1]), 1,
-                                           probe) or [{}])[0]
+    choice = (
+        http.request_dialect.choices(http.client, http.model_name, http.tokenizer, list(http.eos_ids[:1]), 1, probe)
+        or [{}]
+    )[0]
     logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
     if not logprobs or logprobs[0] is None or abs(float(logprobs[0])) > 1e-6:
         raise ValueError(

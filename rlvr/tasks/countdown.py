@@ -132,8 +132,9 @@ class CountdownReward(CheckerReward):
         self.required_columns = (numbers_column, target_column)
 
     def check(self, text: str, row: dict[str, Any]) -> Verdict:
-        return check_countdown(text, row[self.numbers_column], row[self.target_column],
-                               bool(row.get("truncated", False)))
+        return check_countdown(
+            text, row[self.numbers_column], row[self.target_column], bool(row.get("truncated", False))
+        )
 
 
 REWARDS.add("countdown", CountdownReward)

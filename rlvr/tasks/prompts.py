@@ -26,8 +26,7 @@ def render_prompt(tokenizer: Any, prompt: str | list[dict]) -> str:
 
 def encode_prompts(tokenizer: Any, prompts: list, max_prompt_length: int | None = None) -> list[list[int]]:
     """Render and tokenize; longer prompts keep their last max_prompt_length tokens (TRL does the same)."""
-    ids = [tokenizer(render_prompt(tokenizer, p), add_special_tokens=isinstance(p, str))["input_ids"]
-           for p in prompts]
+    ids = [tokenizer(render_prompt(tokenizer, p), add_special_tokens=isinstance(p, str))["input_ids"] for p in prompts]
     if max_prompt_length is not None:
         ids = [x[-max_prompt_length:] for x in ids]
     empty = [i for i, x in enumerate(ids) if not x]

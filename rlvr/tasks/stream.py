@@ -39,8 +39,9 @@ def format_row(cfg: Config, row: dict) -> dict:
         try:
             prompt = d.prompt_template.format(**row)
         except KeyError as e:
-            raise ValueError(f"data.prompt_template names column {e} that the rows lack; "
-                             f"columns: {sorted(row)}") from None
+            raise ValueError(
+                f"data.prompt_template names column {e} that the rows lack; columns: {sorted(row)}"
+            ) from None
     if isinstance(prompt, str) and (d.chat or d.system_prompt is not None):
         prompt = [{"role": "user", "content": prompt}]
         if d.system_prompt is not None:
@@ -67,7 +68,8 @@ class PromptStream:
                 raise ValueError(
                     f"dataset {cfg.data.path!r} has {len(self._rows)} rows but the run has {world} processes: "
                     "each process samples its own disjoint prompts, so some would have none. Launch at most "
-                    f"{len(self._rows)} processes (torchrun --nproc_per_node) or use a larger dataset.")
+                    f"{len(self._rows)} processes (torchrun --nproc_per_node) or use a larger dataset."
+                )
         self._it = self._shard()
 
     def _shard(self) -> Iterator[dict]:
@@ -147,11 +149,15 @@ def describe_held_out(cfg: Config) -> str | None:
         return f"held-out evaluation on {cfg.data.eval_path} (its prompts are not trained on)"
     train_rows, held = split_held_out(cfg, _file_rows(cfg, cfg.data.path))
     if not held:
-        return (f"no held-out evaluation: {len(train_rows)} rows are too few to hold out data.eval_fraction="
-                f"{cfg.data.eval_fraction}; set data.eval_path to evaluate")
-    return (f"held out {len(held)} of {len(train_rows) + len(held)} rows of {cfg.data.path} for evaluation "
-            f"(data.eval_fraction={cfg.data.eval_fraction}, chosen by prompt hash; evaluated: "
-            f"{min(len(held), cfg.data.eval_size)}); they are never trained on")
+        return (
+            f"no held-out evaluation: {len(train_rows)} rows are too few to hold out data.eval_fraction="
+            f"{cfg.data.eval_fraction}; set data.eval_path to evaluate"
+        )
+    return (
+        f"held out {len(held)} of {len(train_rows) + len(held)} rows of {cfg.data.path} for evaluation "
+        f"(data.eval_fraction={cfg.data.eval_fraction}, chosen by prompt hash; evaluated: "
+        f"{min(len(held), cfg.data.eval_size)}); they are never trained on"
+    )
 
 
 def eval_rows(cfg: Config) -> list[dict]:

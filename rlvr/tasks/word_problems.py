@@ -22,12 +22,18 @@ from rlvr.tasks.base import TASKS, Row, is_held_out
 NAMES = [("Sam", "he"), ("Mia", "she"), ("Leo", "he"), ("Ava", "she"), ("Ben", "he"), ("Zoe", "she")]
 ITEMS = ["apples", "pencils", "stickers", "marbles", "cookies", "books"]
 TEMPLATES = {
-    "+": ["{name} has {a} {item}. {Pron} buys {b} more. How many {item} does {name} have now?",
-          "There are {a} {item} in a box. {name} puts {b} more {item} in the box. How many {item} are in the box now?"],
-    "-": ["{name} has {a} {item}. {Pron} gives {b} of them to a friend. How many {item} does {name} have left?",
-          "There are {a} {item} on a table. {name} takes {b} of them. How many {item} are left on the table?"],
-    "*": ["{name} has {a} bags with {b} {item} in each bag. How many {item} does {name} have in total?",
-          "{name} buys {a} packs of {item}. Each pack holds {b} {item}. How many {item} does {name} buy?"],
+    "+": [
+        "{name} has {a} {item}. {Pron} buys {b} more. How many {item} does {name} have now?",
+        "There are {a} {item} in a box. {name} puts {b} more {item} in the box. How many {item} are in the box now?",
+    ],
+    "-": [
+        "{name} has {a} {item}. {Pron} gives {b} of them to a friend. How many {item} does {name} have left?",
+        "There are {a} {item} on a table. {name} takes {b} of them. How many {item} are left on the table?",
+    ],
+    "*": [
+        "{name} has {a} bags with {b} {item} in each bag. How many {item} does {name} have in total?",
+        "{name} buys {a} packs of {item}. Each pack holds {b} {item}. How many {item} does {name} buy?",
+    ],
 }
 INSTRUCTION = "Put the final answer in \\boxed{}."
 
@@ -50,8 +56,9 @@ class WordProblemTask:
             raise ValueError(f"word_problems: max_number must be an integer >= 2, got {self.max_number!r}")
         bad = sorted(set(self.operations) - set(TEMPLATES))
         if not self.operations or bad:
-            raise ValueError(f"word_problems: operations must be a non-empty string over '+-*' (e.g. '+-'), "
-                             f"got {self.operations!r}")
+            raise ValueError(
+                f"word_problems: operations must be a non-empty string over '+-*' (e.g. '+-'), got {self.operations!r}"
+            )
         self._ops = sorted(set(self.operations), key="+-*".index)
 
     def _draw(self, rng: random.Random) -> Row:
@@ -63,8 +70,16 @@ class WordProblemTask:
         question = rng.choice(TEMPLATES[op]).format(name=name, Pron=pron.capitalize(), item=item, a=a, b=b)
         answer = a + b if op == "+" else a - b if op == "-" else a * b
         prompt = f"{question} {self.instruction}".strip()
-        return {"prompt": prompt, "answer": str(answer), "data_source": self.name,
-                "prompt_id": f"{self.name}/{question}", "a": a, "b": b, "op": op, "question": question}
+        return {
+            "prompt": prompt,
+            "answer": str(answer),
+            "data_source": self.name,
+            "prompt_id": f"{self.name}/{question}",
+            "a": a,
+            "b": b,
+            "op": op,
+            "question": question,
+        }
 
     def train_rows(self, seed: int) -> Iterator[Row]:
         rng = random.Random(seed)
@@ -83,8 +98,9 @@ class WordProblemTask:
             if is_held_out(row["question"]):
                 picked.setdefault(row["question"], row)
         if len(picked) < n:
-            raise ValueError(f"word_problems: found only {len(picked)} distinct held-out problems; ask for fewer "
-                             "or raise max_number")
+            raise ValueError(
+                f"word_problems: found only {len(picked)} distinct held-out problems; ask for fewer or raise max_number"
+            )
         return list(picked.values())
 
 

@@ -151,8 +151,10 @@ def test_total_reward_and_zero_spread_one_definition_each():
     from rlvr.core import ZERO_SPREAD, total_reward, zero_spread
 
     nan = math.nan
-    rewards_NK = torch.tensor([[1.0, 1.0], [nan, 2.0], [nan, nan], [0.0, 0.0],
-                               [1.0, 0.0], [1.0, 0.0], [nan, nan], [1.0, 2 * ZERO_SPREAD]], dtype=torch.float64)
+    rewards_NK = torch.tensor(
+        [[1.0, 1.0], [nan, 2.0], [nan, nan], [0.0, 0.0], [1.0, 0.0], [1.0, 0.0], [nan, nan], [1.0, 2 * ZERO_SPREAD]],
+        dtype=torch.float64,
+    )
     total_N = total_reward(rewards_NK, [1.0, 0.5])
     assert total_N[:2].tolist() == [1.5, 1.0] and math.isnan(total_N[2]) and total_N[3] == 0.0
     # groups of 2: [1.5, 1.0] spread; [NaN, 0] one scorable -> zero; [1, 1] zero; [NaN, 1+eps] one scorable -> zero

@@ -32,8 +32,9 @@ def test_values_and_gradients_match_the_plain_path_float64(chunk_elements, tempe
     leaves_b = [t.clone().requires_grad_() for t in (h, w) + ((b,) if bias else ())]
     ba = leaves_a[2] if bias else None
     bb = leaves_b[2] if bias else None
-    ours, ent = head_logprobs(leaves_a[0], leaves_a[1], ids, temperature, ba, with_entropy=True,
-                              chunk_elements=chunk_elements)
+    ours, ent = head_logprobs(
+        leaves_a[0], leaves_a[1], ids, temperature, ba, with_entropy=True, chunk_elements=chunk_elements
+    )
     ref, ref_ent = _plain(leaves_b[0], leaves_b[1], bb, ids, temperature)
     assert torch.allclose(ours, ref, rtol=0, atol=1e-12)
     assert torch.allclose(ent, ref_ent, rtol=0, atol=1e-12)
@@ -84,7 +85,7 @@ def test_bfloat16_close_to_the_plain_bfloat16_path():
     ours, _ = head_logprobs(h, w, ids, chunk_elements=300 * 4)
     ref, _ = _plain(h, w, None, ids, 1.0)
     assert ours.dtype == torch.float32
-    logit_ulp = F.linear(h, w).abs().max().float() * 2 ** -8
+    logit_ulp = F.linear(h, w).abs().max().float() * 2**-8
     assert (ours - ref).abs().max() <= 2 * logit_ulp
 
 

@@ -193,8 +193,13 @@ def trl_generate_and_score(
 def _log_buffers() -> dict:
     """The logging attributes TRL's scoring methods append to (GRPO and RLOO share them)."""
     return dict(
-        _logs={"prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
-               "extra": defaultdict(list)},
+        _logs={
+            "prompt": [],
+            "completion": [],
+            "rewards": defaultdict(list),
+            "advantages": [],
+            "extra": defaultdict(list),
+        },
         _pending_extra_logs=defaultdict(list),
         _pending_metrics=defaultdict(list),
         log_multimodal=False,

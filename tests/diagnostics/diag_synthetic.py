@@ -195,8 +195,9 @@ def strict_shadow():
     return ShadowGrader(MathReward(), "answer", "gold column 'answer'")
 
 
-def run_policy(policy: Policy, steps: int, seed: int = 0, run_dir=None, reward_funcs=None, plain: bool = False,
-               **kwargs):
+def run_policy(
+    policy: Policy, steps: int, seed: int = 0, run_dir=None, reward_funcs=None, plain: bool = False, **kwargs
+):
     """Feed ``steps`` synthetic steps through a ``Diagnostics``; returns (diag, [(step, metrics, warnings)]).
 
     ``plain=True`` is a user's run: plain functions, no roles declared (inferred from the first step),

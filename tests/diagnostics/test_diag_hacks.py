@@ -68,9 +68,14 @@ def test_short_sprays_are_caught(style, checker):
 def test_the_same_sprays_under_a_strict_checker_are_silent():
     from rlvr.rewards.mathcheck import MathReward
 
-    policy = Policy(p_correct=const(0.3), p_spray=switch(0.0, 0.5, ONSET), spray_style="two",
-                    checker=lambda prompts, completions, completion_ids=None, answer=None, **kw: MathReward()(
-                        prompts, completions, answer=answer))
+    policy = Policy(
+        p_correct=const(0.3),
+        p_spray=switch(0.0, 0.5, ONSET),
+        spray_style="two",
+        checker=lambda prompts, completions, completion_ids=None, answer=None, **kw: MathReward()(
+            prompts, completions, answer=answer
+        ),
+    )
     _, trace = run_policy(policy, ONSET + WITHIN, seed=0, plain=True)
     assert all_warnings(trace) == []
 
@@ -101,8 +106,9 @@ def test_a_format_checker_verdict_is_never_correct():
     diag = Diagnostics(None, 8, ["format"], [1.0], {"format": "format"}, console=lambda m: None)
     metrics, _ = diag.observe(0, [dict(r, rewards={"format": r["rewards"]["format"]}) for r in records])
     assert "groups/pass_rate" not in metrics and "lengths/correct_mean" not in metrics
-    shadowed = Diagnostics(None, 8, ["format"], [1.0], {"format": "format"}, console=lambda m: None,
-                           shadow=strict_shadow())
+    shadowed = Diagnostics(
+        None, 8, ["format"], [1.0], {"format": "format"}, console=lambda m: None, shadow=strict_shadow()
+    )
     metrics, _ = shadowed.observe(0, [dict(r, rewards={"format": r["rewards"]["format"]}) for r in records])
     strict = strict_shadow().grade(records)
     assert metrics["groups/pass_rate"] == pytest.approx(sum(v["correct"] for v in strict) / len(records))
@@ -147,8 +153,9 @@ def test_resumed_run_keeps_the_assumed_roles(tmp_path):
 def test_spraying_without_the_functions_is_read_from_paid_but_wrong_texts():
     # No reward functions to re-call (roles declared, a shadow grade): a paid completion the strict
     # grader rejects that offers the gold among other numbers is a spray.
-    policy = Policy(p_correct=const(0.3), p_spray=switch(0.0, 0.5, ONSET), spray_style="two",
-                    checker=lenient_numbers_checker)
+    policy = Policy(
+        p_correct=const(0.3), p_spray=switch(0.0, 0.5, ONSET), spray_style="two", checker=lenient_numbers_checker
+    )
     _, trace = run_policy(policy, ONSET + WITHIN, seed=0, shadow=strict_shadow())
     first = first_warning(trace, "answer_spraying")
     assert first is not None and ONSET <= first <= ONSET + 5

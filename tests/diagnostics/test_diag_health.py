@@ -15,8 +15,14 @@ N = MonitorConfig().no_signal_steps
 
 
 def new_diag(run_dir=None, messages=None):
-    return Diagnostics(run_dir, 8, REWARD_NAMES, [1.0, 0.2], REWARD_KINDS,
-                       console=(messages.append if messages is not None else lambda m: None))
+    return Diagnostics(
+        run_dir,
+        8,
+        REWARD_NAMES,
+        [1.0, 0.2],
+        REWARD_KINDS,
+        console=(messages.append if messages is not None else lambda m: None),
+    )
 
 
 def flat(records, value):
@@ -58,8 +64,10 @@ def test_a_reward_that_scores_nothing_on_every_batch_warns():
     rng = random.Random(0)
     window = MonitorConfig().window
     for step in range(window):
-        records = [dict(r, rewards={"correct": r["rewards"]["correct"], "format": None}) for r in
-                   make_step(Policy(), step, rng)]
+        records = [
+            dict(r, rewards={"correct": r["rewards"]["correct"], "format": None})
+            for r in make_step(Policy(), step, rng)
+        ]
         metrics, warnings = diag.observe(step, records)
         assert metrics["health/silent_rewards"] == 1.0 and metrics["health/cannot_learn"] == 0.0
         assert bool(warnings) == (step == window - 1)
@@ -114,8 +122,9 @@ def test_scoring_keeps_only_correctness_verdicts():
     from rlvr.rewards.formatcheck import FormatReward
     from rlvr.rewards.scoring import RewardFn, score
 
-    res = score([RewardFn("format", FormatReward(), 1.0, "format")], ["p"], ["<think>a</think><answer>1</answer>"],
-                [[1]], {})
+    res = score(
+        [RewardFn("format", FormatReward(), 1.0, "format")], ["p"], ["<think>a</think><answer>1</answer>"], [[1]], {}
+    )
     assert res.verdicts == [None]  # a well-formatted answer is not thereby a correct one
 
 

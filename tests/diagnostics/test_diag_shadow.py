@@ -31,15 +31,25 @@ def test_the_config_switch_turns_it_off():
 
 
 def record(completion, gold, rewards, truncated=False):
-    return {"prompt": "2+2=", "completion": completion, "truncated": truncated, "columns": {"answer": gold},
-            "rewards": rewards}
+    return {
+        "prompt": "2+2=",
+        "completion": completion,
+        "truncated": truncated,
+        "columns": {"answer": gold},
+        "rewards": rewards,
+    }
 
 
 def test_grades_and_paid_but_wrong():
     grader = ShadowGrader(REWARDS.get("arithmetic")(), "answer", "task arithmetic")
-    records = [record("4", "4", {"loose": 1.0, "fmt": 1.0}), record("5", "4", {"loose": 1.0, "fmt": 1.0}),
-               record("4 5", "4", {"loose": 1.0, "fmt": 0.0}), record("4", "4", {"loose": 1.0, "fmt": 0.0}, True),
-               record("4", None, {"loose": 1.0, "fmt": 1.0}), record("four", "4", {"loose": 1.0, "fmt": 1.0})]
+    records = [
+        record("4", "4", {"loose": 1.0, "fmt": 1.0}),
+        record("5", "4", {"loose": 1.0, "fmt": 1.0}),
+        record("4 5", "4", {"loose": 1.0, "fmt": 0.0}),
+        record("4", "4", {"loose": 1.0, "fmt": 0.0}, True),
+        record("4", None, {"loose": 1.0, "fmt": 1.0}),
+        record("four", "4", {"loose": 1.0, "fmt": 1.0}),
+    ]
     verdicts = grader.grade(records)
     # No gold, or no answer the strict checker can read: ungraded (the run's own correctness decides).
     assert [v and v["correct"] for v in verdicts] == [True, False, False, False, None, None]

@@ -23,11 +23,25 @@ COMMON = 0.5  # the hack is "common" once half the completions are formatted and
 
 
 def tiny_run(out: Path, *extra: str) -> dict:
-    return train(load_config(None, [
-        "model.path=tiny", "rollout.max_completion_length=8", "train.learning_rate=1e-3", "train.seed=3",
-        f"log.output_dir={out}", "log.logging_steps=100", "log.eval_before_after=false", "log.report_to=[]",
-        "log.progress=false", "log.samples_per_class=0", "log.save_steps=1000", *extra,
-    ]))
+    return train(
+        load_config(
+            None,
+            [
+                "model.path=tiny",
+                "rollout.max_completion_length=8",
+                "train.learning_rate=1e-3",
+                "train.seed=3",
+                f"log.output_dir={out}",
+                "log.logging_steps=100",
+                "log.eval_before_after=false",
+                "log.report_to=[]",
+                "log.progress=false",
+                "log.samples_per_class=0",
+                "log.save_steps=1000",
+                *extra,
+            ],
+        )
+    )
 
 
 def warnings_of(out: Path) -> list[dict]:
@@ -37,17 +51,25 @@ def warnings_of(out: Path) -> list[dict]:
 
 def test_tiny_model_learns_format_farming_and_the_monitor_fires(tmp_path):
     out = tmp_path / "farm"
-    tiny_run(out, "data.task=arithmetic", "data.task_options={digits: 3}", "train.max_steps=10",
-             "train.per_device_train_batch_size=128",
-             "rewards=[{name: 'lenient_rewards:exact'}, {name: 'lenient_rewards:looks_like_sum', weight: 0.5}]")
+    tiny_run(
+        out,
+        "data.task=arithmetic",
+        "data.task_options={digits: 3}",
+        "train.max_steps=10",
+        "train.per_device_train_batch_size=128",
+        "rewards=[{name: 'lenient_rewards:exact'}, {name: 'lenient_rewards:looks_like_sum', weight: 0.5}]",
+    )
     header = json.loads((out / "header.json").read_text())
     assert header["reward_roles"]["roles"] == {"exact": "correctness", "looks_like_sum": "format"}
     # When did formatted-but-wrong answers become common, by the strict checker?
     _, steps = read_record(out / "rollouts.jsonl.gz")
     share = {
-        step: sum(bool(re.fullmatch(r"\d{3,4}", r["completion"].strip()))
-                  and not check_integer(r["completion"], r["columns"]["answer"], r["truncated"]).correct
-                  for r in records) / len(records)
+        step: sum(
+            bool(re.fullmatch(r"\d{3,4}", r["completion"].strip()))
+            and not check_integer(r["completion"], r["columns"]["answer"], r["truncated"]).correct
+            for r in records
+        )
+        / len(records)
         for step, records in steps.items()
     }
     onset = min((s for s, v in share.items() if v >= COMMON), default=None)
@@ -63,8 +85,9 @@ def test_tiny_model_learns_format_farming_and_the_monitor_fires(tmp_path):
 
 def test_tiny_model_healthy_run_is_silent(tmp_path):
     out = tmp_path / "healthy"
-    tiny_run(out, "train.max_steps=8", "train.per_device_train_batch_size=128",
-             "rewards=[{name: 'lenient_rewards:exact'}]")
+    tiny_run(
+        out, "train.max_steps=8", "train.per_device_train_batch_size=128", "rewards=[{name: 'lenient_rewards:exact'}]"
+    )
     assert warnings_of(out) == []
     assert json.loads((out / "header.json").read_text())["reward_roles"]["roles"] == {"exact": "correctness"}
 

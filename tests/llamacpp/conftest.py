@@ -37,9 +37,7 @@ def shipped_gguf(tmp_path_factory) -> Path:
     pytest.importorskip("llama_cpp")
     from rlvr.rollout.gguf_export import export_llama_gguf
 
-    return export_llama_gguf(
-        SHIPPED, tmp_path_factory.mktemp("gguf") / "tiny-arith.gguf"
-    )
+    return export_llama_gguf(SHIPPED, tmp_path_factory.mktemp("gguf") / "tiny-arith.gguf")
 
 
 @pytest.fixture
@@ -72,17 +70,11 @@ def build_byte_level_llama(path: Path) -> Path:
     # ASCII only: every token is then valid UTF-8 on its own. A random model strings byte tokens into
     # invalid UTF-8, which llama-cpp-python's text drops (it returns no token ids), so only the
     # ASCII part of the byte-level path is comparable token for token.
-    trainer = trainers.BpeTrainer(
-        vocab_size=160, special_tokens=["<pad>", "<s>", "</s>"]
-    )
+    trainer = trainers.BpeTrainer(vocab_size=160, special_tokens=["<pad>", "<s>", "</s>"])
     corpus = [f"{a} + {b} = {a + b}. Sum {a * b}" for a in range(40) for b in range(40)]
     core.train_from_iterator(corpus, trainer)
-    core.post_processor = processors.TemplateProcessing(
-        single="<s> $A", special_tokens=[("<s>", 1)]
-    )
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>"
-    )
+    core.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
     torch.manual_seed(0)
     cfg = LlamaConfig(
         vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -107,8 +99,6 @@ def byte_level_server(byte_level_dir, tmp_path):
     pytest.importorskip("llama_cpp")
     from rlvr.rollout.gguf_export import export_llama_gguf
 
-    server = LlamaCppServer(
-        export_llama_gguf(byte_level_dir, tmp_path / "byte-level.gguf"), tmp_path
-    )
+    server = LlamaCppServer(export_llama_gguf(byte_level_dir, tmp_path / "byte-level.gguf"), tmp_path)
     yield server
     server.close()

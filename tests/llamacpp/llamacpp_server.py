@@ -73,20 +73,14 @@ def start(gguf: Path, port: int, log: Path) -> int:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(
-                f"llama_cpp.server exited with {proc.returncode}; log:\n{log.read_text()[-3000:]}"
-            )
+            raise RuntimeError(f"llama_cpp.server exited with {proc.returncode}; log:\n{log.read_text()[-3000:]}")
         try:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{port}/v1/models", timeout=2
-            ):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2):
                 return proc.pid
         except OSError:
             time.sleep(0.2)
     stop(proc.pid)
-    raise TimeoutError(
-        f"llama_cpp.server not ready after {READY_TIMEOUT_S} s; log:\n{log.read_text()[-3000:]}"
-    )
+    raise TimeoutError(f"llama_cpp.server not ready after {READY_TIMEOUT_S} s; log:\n{log.read_text()[-3000:]}")
 
 
 def _exited(pid: int) -> bool:
@@ -97,10 +91,7 @@ def _exited(pid: int) -> bool:
         return done == pid
     except ChildProcessError:
         try:
-            return (
-                Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                == "Z"
-            )
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
         except (FileNotFoundError, ProcessLookupError):
             return True
 

@@ -47,14 +47,9 @@ def test_shipped_tokenizer_in_gpt2_alphabet(shipped_dir):
     tokens, types, merges, special = gguf_vocab(shipped_dir)
     tok = AutoTokenizer.from_pretrained(shipped_dir)
     assert len(tokens) == len(tok) and merges == []
-    assert (
-        tokens[tok.convert_tokens_to_ids(" ")] == "Ġ"
-        and tokens[tok.convert_tokens_to_ids("\n")] == "Ċ"
-    )
+    assert tokens[tok.convert_tokens_to_ids(" ")] == "Ġ" and tokens[tok.convert_tokens_to_ids("\n")] == "Ċ"
     assert tokens[tok.convert_tokens_to_ids("7")] == "7" and tokens[1] == "<s>"
-    assert types[:4] == [3, 3, 3, 2] and set(types[4:]) == {
-        1
-    }  # control, unknown, then normal tokens
+    assert types[:4] == [3, 3, 3, 2] and set(types[4:]) == {1}  # control, unknown, then normal tokens
     assert special == {"bos": 1, "eos": 2, "pad": 0, "unk": 3}
     assert _byte_level("é") == "Ã©"  # two UTF-8 bytes 0xC3 0xA9, both printable Latin-1
 
@@ -63,18 +58,14 @@ def test_unsupported_tokenizer_is_a_clear_error(tmp_path, shipped_dir):
     tj = json.loads((shipped_dir / "tokenizer.json").read_text())
     tj["model"]["merges"] = [["1", "2"]]
     (tmp_path / "tokenizer.json").write_text(json.dumps(tj))
-    (tmp_path / "tokenizer_config.json").write_text(
-        (shipped_dir / "tokenizer_config.json").read_text()
-    )
+    (tmp_path / "tokenizer_config.json").write_text((shipped_dir / "tokenizer_config.json").read_text())
     with pytest.raises(ValueError, match="character-level BPE with 1 merges"):
         gguf_vocab(tmp_path)
 
 
 @pytest.fixture(scope="module")
 def hf_model_and_tok(shipped_dir):
-    return AutoModelForCausalLM.from_pretrained(
-        shipped_dir
-    ).eval(), AutoTokenizer.from_pretrained(shipped_dir)
+    return AutoModelForCausalLM.from_pretrained(shipped_dir).eval(), AutoTokenizer.from_pretrained(shipped_dir)
 
 
 def trainer_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
@@ -104,48 +95,29 @@ def test_engine_greedy_and_logprobs_match_hf(llama_server, hf_model_and_tok):
     reference = make_engine("hf", model, tok).generate(prompt_ids, 1, greedy)
     # llama-cpp-python does not return the EOS that ends a completion; every other token must match.
     eos = tok.eos_token_id
-    assert [c.token_ids for c in served] == [
-        [t for t in c.token_ids if t != eos] for c in reference
-    ]
+    assert [c.token_ids for c in served] == [[t for t in c.token_ids if t != eos] for c in reference]
     assert [c.finish_reason for c in served] == [c.finish_reason for c in reference]
     assert [c.text for c in served] == [c.text for c in reference]
-    assert any(
-        c.finish_reason == "stop" for c in served
-    )  # the shipped model answers and stops
+    assert any(c.finish_reason == "stop" for c in served)  # the shipped model answers and stops
 
     # Stop strings: the server cuts its text before the stop string, but its pieces still hold the
     # stop tokens, so the engine cuts ids and text after it, as every engine does.
     stopped = SamplingParams(temperature=0.0, max_tokens=8, stop=("7", "8"))
     served = engine.generate(prompt_ids, 1, stopped)
     reference = make_engine("hf", model, tok).generate(prompt_ids, 1, stopped)
-    assert [c.token_ids for c in served] == [
-        [t for t in c.token_ids if t != eos] for c in reference
-    ]
+    assert [c.token_ids for c in served] == [[t for t in c.token_ids if t != eos] for c in reference]
     assert [c.text for c in served] == [c.text for c in reference]
-    assert any(c.text.endswith(("7", "8")) for c in served) and all(
-        c.logprobs is not None for c in served
-    )
+    assert any(c.text.endswith(("7", "8")) for c in served) and all(c.logprobs is not None for c in served)
 
     G = 4
     sampling = SamplingParams(temperature=1.0, max_tokens=8, seed=11)
     out = engine.generate(prompt_ids, G, sampling)
-    assert [c.prompt_index for c in out] == [
-        i for i in range(len(PROMPTS)) for _ in range(G)
-    ]
-    assert all(
-        c.finish_reason in ("stop", "length") and c.extra["policy_lag"] == 0
-        for c in out
-    )
-    assert all(
-        c.logprobs is not None and len(c.logprobs) == len(c.token_ids) for c in out
-    )
-    assert len({tuple(c.token_ids) for c in out}) > len(
-        PROMPTS
-    )  # G samples per prompt, not G copies
+    assert [c.prompt_index for c in out] == [i for i in range(len(PROMPTS)) for _ in range(G)]
+    assert all(c.finish_reason in ("stop", "length") and c.extra["policy_lag"] == 0 for c in out)
+    assert all(c.logprobs is not None and len(c.logprobs) == len(c.token_ids) for c in out)
+    assert len({tuple(c.token_ids) for c in out}) > len(PROMPTS)  # G samples per prompt, not G copies
     # Same seed, same request: the same samples (seeds seed, seed+1, ... one request per sample).
-    assert [c.token_ids for c in engine.generate(prompt_ids, G, sampling)] == [
-        c.token_ids for c in out
-    ]
+    assert [c.token_ids for c in engine.generate(prompt_ids, G, sampling)] == [c.token_ids for c in out]
 
     # llama-cpp-python's log-probs are log_softmax of the raw logits: at temperature 1 they are the
     # trainer's. Both sides compute in float32 (the server runs a float32 KV cache). Measured here: max
@@ -153,17 +125,13 @@ def test_engine_greedy_and_logprobs_match_hf(llama_server, hf_model_and_tok):
     # was 0.05, which this bound catches.
     diffs = torch.cat(
         [
-            (
-                torch.tensor(c.logprobs)
-                - trainer_logprobs(model, prompt_ids[c.prompt_index], c.token_ids)
-            ).abs()
+            (torch.tensor(c.logprobs) - trainer_logprobs(model, prompt_ids[c.prompt_index], c.token_ids)).abs()
             for c in out
             if c.token_ids
         ]
     )
     print(
-        f"llama.cpp vs trainer log-probs: {diffs.numel()} tokens, max |diff| {diffs.max():.2e}, "
-        f"mean {diffs.mean():.2e}"
+        f"llama.cpp vs trainer log-probs: {diffs.numel()} tokens, max |diff| {diffs.max():.2e}, mean {diffs.mean():.2e}"
     )
     assert diffs.numel() > 20 and diffs.max() < 1e-3
 
@@ -186,17 +154,10 @@ def test_byte_level_gqa_model_matches_hf(byte_level_server, byte_level_dir):
     greedy = SamplingParams(temperature=0.0, max_tokens=12)
     served = engine.generate(prompt_ids, 1, greedy)
     reference = make_engine("hf", model, tok).generate(prompt_ids, 1, greedy)
-    eos = (
-        tok.eos_token_id
-    )  # llama-cpp-python does not return the EOS that ends a completion
-    assert [c.token_ids for c in served] == [
-        [t for t in c.token_ids if t != eos] for c in reference
-    ]
+    eos = tok.eos_token_id  # llama-cpp-python does not return the EOS that ends a completion
+    assert [c.token_ids for c in served] == [[t for t in c.token_ids if t != eos] for c in reference]
     assert [c.text for c in served] == [c.text for c in reference]
-    assert (
-        all(c.logprobs is not None for c in served)
-        and sum(len(c.token_ids) for c in served) > 10
-    )
+    assert all(c.logprobs is not None for c in served) and sum(len(c.token_ids) for c in served) > 10
     diffs = torch.cat([
         (torch.tensor(c.logprobs) - trainer_logprobs(model, prompt_ids[c.prompt_index], c.token_ids)).abs()
         for c in served
@@ -228,11 +189,7 @@ def overrides(model_dir: Path, data: Path, out: Path, engine_options: str) -> li
 @pytest.fixture
 def sums(tmp_path) -> Path:
     path = tmp_path / "sums.jsonl"
-    rows = [
-        {"prompt": f"{a}+{b}=", "answer": str(a + b), "data_source": "sums"}
-        for a in range(10)
-        for b in range(3)
-    ]
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b), "data_source": "sums"} for a in range(10) for b in range(3)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -242,11 +199,7 @@ def train_metrics(overrides_: list[str], out: Path) -> list[dict]:
     from rlvr.config import load_config
 
     train_mod.train(load_config(None, overrides_))
-    return [
-        json.loads(line)
-        for line in (out / "metrics.jsonl").read_text().splitlines()
-        if line.strip()
-    ]
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
 @pytest.mark.llamacpp
@@ -262,19 +215,12 @@ def test_trainer_with_stale_llamacpp_sampler(llama_server, shipped_dir, sums, tm
         [m["mismatch/abs_logp_diff_mean"] for m in lines],
     )
     assert lines[0]["mismatch/abs_logp_diff_mean"] < 1e-4
-    assert (
-        lines[2]["mismatch/abs_logp_diff_mean"]
-        > 10 * lines[0]["mismatch/abs_logp_diff_mean"]
-    )
-    assert lines[2]["sampling/importance_sampling_ratio/max"] != pytest.approx(
-        1.0, abs=1e-6
-    )
+    assert lines[2]["mismatch/abs_logp_diff_mean"] > 10 * lines[0]["mismatch/abs_logp_diff_mean"]
+    assert lines[2]["sampling/importance_sampling_ratio/max"] != pytest.approx(1.0, abs=1e-6)
 
 
 @pytest.mark.llamacpp
-def test_reload_every_restarts_llamacpp_on_the_live_policy(
-    llama_server, shipped_dir, sums, tmp_path
-):
+def test_reload_every_restarts_llamacpp_on_the_live_policy(llama_server, shipped_dir, sums, tmp_path):
     """Bounded staleness: after each step the policy is exported, converted to GGUF and the server
     restarted on it (llama-cpp-python cannot swap weights in place), so every step samples live weights."""
     out = tmp_path / "run"
@@ -289,14 +235,8 @@ def test_reload_every_restarts_llamacpp_on_the_live_policy(
     first_pid = llama_server.pid_file.read_text()
     lines = train_metrics(overrides(shipped_dir, sums, out, options), out)
     assert [m["policy_lag"] for m in lines] == [0.0, 0.0, 0.0]
-    assert (
-        llama_server.pid_file.read_text() != first_pid
-    )  # the server really was restarted
-    assert [
-        p.name
-        for p in (out / "policy-exports").iterdir()
-        if p.name.startswith("policy-v")
-    ] == ["policy-v3"]
+    assert llama_server.pid_file.read_text() != first_pid  # the server really was restarted
+    assert [p.name for p in (out / "policy-exports").iterdir() if p.name.startswith("policy-v")] == ["policy-v3"]
     # Every step samples the live weights, so sampler and trainer log-probs agree at every step.
     print(
         "mismatch/abs_logp_diff_mean per step:",
@@ -307,9 +247,5 @@ def test_reload_every_restarts_llamacpp_on_the_live_policy(
 
 def test_unknown_dialect_is_a_clear_error(hf_model_and_tok):
     model, tok = hf_model_and_tok
-    with pytest.raises(
-        ValueError, match="unknown dialect 'llama.cpp'; valid: openai, llama-cpp-python"
-    ):
-        make_engine(
-            "openai", model, tok, base_url="http://127.0.0.1:9", dialect="llama.cpp"
-        )
+    with pytest.raises(ValueError, match="unknown dialect 'llama.cpp'; valid: openai, llama-cpp-python"):
+        make_engine("openai", model, tok, base_url="http://127.0.0.1:9", dialect="llama.cpp")

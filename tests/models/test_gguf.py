@@ -30,13 +30,25 @@ def byte_level_llama(tmp_path_factory):
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
-    core.train_from_iterator([f"{a} + {b} = {a + b}" for a in range(30) for b in range(30)],
-                             trainers.BpeTrainer(vocab_size=140, special_tokens=["<pad>", "<s>", "</s>"]))
+    core.train_from_iterator(
+        [f"{a} + {b} = {a + b}" for a in range(30) for b in range(30)],
+        trainers.BpeTrainer(vocab_size=140, special_tokens=["<pad>", "<s>", "</s>"]),
+    )
     tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
     LlamaForCausalLM(cfg).save_pretrained(path / "hf")
     tok.save_pretrained(path / "hf")
     return path / "hf", export_llama_gguf(path / "hf", path / "model.gguf")

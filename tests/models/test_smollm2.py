@@ -24,8 +24,12 @@ from rlvr.rewards.scoring import load_reward_functions, score
 
 pytestmark = pytest.mark.slow
 
-QUESTIONS = ["What is 6 * 5? Put the final answer in \\boxed{}.", "What is 7 + 8? Put the final answer in \\boxed{}.",
-             "Name a colour of the sky.", "What is 9 - 4? Answer briefly."]
+QUESTIONS = [
+    "What is 6 * 5? Put the final answer in \\boxed{}.",
+    "What is 7 + 8? Put the final answer in \\boxed{}.",
+    "Name a colour of the sky.",
+    "What is 9 - 4? Answer briefly.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +56,14 @@ def test_converted_folder_is_the_documented_architecture(smollm2_dir, model_and_
 
     model, tok = model_and_tok
     c = model.config
-    assert (c.model_type, c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
-            c.vocab_size) == ("llama", 30, 576, 9, 3, 49152)
+    assert (
+        c.model_type,
+        c.num_hidden_layers,
+        c.hidden_size,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.vocab_size,
+    ) == ("llama", 30, 576, 9, 3, 49152)
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied embeddings survive the conversion
     assert not hasattr(c, "quantization_config")  # a plain float32 folder, not a GGUF reference
     assert resolve_model_path("smollm2") == str(smollm2_dir)
@@ -71,16 +81,20 @@ def test_chat_prompts_render_with_the_real_template(model_and_tok):
     assert row["prompt"] == [{"role": "user", "content": "What is 3 + 4?"}]
     text = render_prompt(tok, row["prompt"])
     # No system message given: the template inserts SmolLM's own, and ends with the assistant's turn.
-    assert text == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
-                    "<|im_end|>\n<|im_start|>user\nWhat is 3 + 4?<|im_end|>\n<|im_start|>assistant\n")
+    assert text == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+        "<|im_end|>\n<|im_start|>user\nWhat is 3 + 4?<|im_end|>\n<|im_start|>assistant\n"
+    )
     with_system = format_row(load_config(None, ["data.system_prompt='Be brief.'"]), {"prompt": "Hi"})["prompt"]
     assert with_system == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     ids = encode_prompts(tok, [with_system])[0]
     # Special tokens are single ids, no BOS is added on top of the template's, and the ids decode back.
     im_start, im_end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
     assert ids[0] == im_start and ids.count(im_start) == 3 and ids.count(im_end) == 2
-    assert tok.decode(ids) == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n" \
-                              "<|im_start|>assistant\n"
+    assert (
+        tok.decode(ids) == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     # A row whose prompt is already a message list is rendered the same way (nothing wrapped twice).
     assert format_row(cfg, {"prompt": with_system})["prompt"] == with_system
 
@@ -148,9 +162,16 @@ def test_native_engine_logits_equal_hf_forward_at_every_step(model_and_tok):
     sampling = SamplingParams(temperature=0.7, max_tokens=C, seed=5)
     ids_BP, mask_BP = left_pad(prompts, tok.pad_token_id, "cpu")
     with torch.inference_mode():
-        run = cpu_kernel.KernelDecode(model, ids_BP, (1 - mask_BP).sum(-1), n, sampling,
-                                      [model.generation_config.eos_token_id], torch.Generator().manual_seed(5),
-                                      keep_logits=True)
+        run = cpu_kernel.KernelDecode(
+            model,
+            ids_BP,
+            (1 - mask_BP).sum(-1),
+            n,
+            sampling,
+            [model.generation_config.eos_token_id],
+            torch.Generator().manual_seed(5),
+            keep_logits=True,
+        )
         cpu_kernel.generate(run, 2)
     rows = run.tokens_NC.tolist()
     seqs = []
@@ -163,8 +184,8 @@ def test_native_engine_logits_equal_hf_forward_at_every_step(model_and_tok):
     dec = LlamaFamilyDecoder(model)
     with torch.no_grad():
         for r, (prompt, comp) in enumerate(seqs):
-            want_TV = model(torch.tensor([prompt + comp])).logits[0, len(prompt) - 1: len(prompt) + len(comp) - 1]
-            worst_kernel = max(worst_kernel, (run.logits_NCV[r, :len(comp)] - want_TV).abs().max().item())
+            want_TV = model(torch.tensor([prompt + comp])).logits[0, len(prompt) - 1 : len(prompt) + len(comp) - 1]
+            worst_kernel = max(worst_kernel, (run.logits_NCV[r, : len(comp)] - want_TV).abs().max().item())
         # The PyTorch decoder, stepped through the same tokens (one row per sequence).
         with torch.inference_mode():
             for prompt, comp in seqs[::n]:
@@ -173,10 +194,12 @@ def test_native_engine_logits_equal_hf_forward_at_every_step(model_and_tok):
                 for t in comp[:-1]:
                     got.append(dec.decode(torch.tensor([t]))[0])
                 dec.release()
-                want_TV = model(torch.tensor([prompt + comp])).logits[0, len(prompt) - 1: len(prompt) + len(comp) - 1]
+                want_TV = model(torch.tensor([prompt + comp])).logits[0, len(prompt) - 1 : len(prompt) + len(comp) - 1]
                 worst_torch = max(worst_torch, (torch.stack(got) - want_TV).abs().max().item())
-    print(f"SmolLM2 logits vs HF forward: kernel {worst_kernel:.2e}, torch decoder {worst_torch:.2e}, "
-          f"tolerance {tol:.2e} (4 x HF float32-vs-float64 {tol / 4:.2e})")
+    print(
+        f"SmolLM2 logits vs HF forward: kernel {worst_kernel:.2e}, torch decoder {worst_torch:.2e}, "
+        f"tolerance {tol:.2e} (4 x HF float32-vs-float64 {tol / 4:.2e})"
+    )
     assert sum(len(c) for _, c in seqs) >= 2 * len(seqs)  # real decode steps were compared
     assert worst_kernel <= tol and worst_torch <= tol
 
@@ -203,12 +226,26 @@ def test_two_grpo_steps_on_the_ready_config(smollm2_dir, tmp_path):
     import rlvr.train as train_mod
 
     out = tmp_path / "run"
-    cfg = load_config("smollm2_arith", [
-        f"log.output_dir={out}", "train.max_steps=2", "train.per_device_train_batch_size=8",
-        "train.gradient_accumulation_steps=1", "rollout.num_generations=4", "rollout.max_completion_length=24",
-        "log.eval_before_after=false", "log.eval_steps=null", "log.progress=false", "log.record_rollouts=false"])
-    before = {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(smollm2_dir).state_dict().items()
-              if k.endswith("q_proj.weight")}
+    cfg = load_config(
+        "smollm2_arith",
+        [
+            f"log.output_dir={out}",
+            "train.max_steps=2",
+            "train.per_device_train_batch_size=8",
+            "train.gradient_accumulation_steps=1",
+            "rollout.num_generations=4",
+            "rollout.max_completion_length=24",
+            "log.eval_before_after=false",
+            "log.eval_steps=null",
+            "log.progress=false",
+            "log.record_rollouts=false",
+        ],
+    )
+    before = {
+        k: v.clone()
+        for k, v in AutoModelForCausalLM.from_pretrained(smollm2_dir).state_dict().items()
+        if k.endswith("q_proj.weight")
+    }
     result = train_mod.train(cfg)
     assert result["step"] == 2
     lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]

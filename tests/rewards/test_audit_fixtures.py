@@ -20,8 +20,21 @@ def test_math_suite_is_big_and_covers_every_attack_family():
     rows = load_cases("math")
     categories = {r["category"] for r in rows}
     assert len(rows) >= 300
-    assert {"correct_form", "wrong_close", "sprayed", "hedged", "truncated", "no_anchor", "code_injection", "hang",
-            "approx_exact", "hedge_interval", "value_words", "two_answers", "well_formed"} <= categories
+    assert {
+        "correct_form",
+        "wrong_close",
+        "sprayed",
+        "hedged",
+        "truncated",
+        "no_anchor",
+        "code_injection",
+        "hang",
+        "approx_exact",
+        "hedge_interval",
+        "value_words",
+        "two_answers",
+        "well_formed",
+    } <= categories
     assert sum(r["expected"] for r in rows) >= 100 and sum(not r["expected"] for r in rows) >= 100
 
 
@@ -29,7 +42,12 @@ def test_exit_codes_and_json_report(tmp_path, capsys):
     cases = tmp_path / "cases.jsonl"
     lines = [
         {"completion": "\\boxed{18}", "gold": "18", "expected": True},
-        {"completion": "\\boxed{17}", "gold": "18", "expected": True, "name": "mislabeled"},  # the checker rightly rejects: a disagreement
+        {
+            "completion": "\\boxed{17}",
+            "gold": "18",
+            "expected": True,
+            "name": "mislabeled",
+        },  # the checker rightly rejects: a disagreement
     ]
     cases.write_text("\n".join(json.dumps(x) for x in lines))
     assert run_audit("math", str(cases), as_json=True) == 1
@@ -70,8 +88,12 @@ def test_report_has_rates_slowest_case_isolation_and_tamper_proofing(tmp_path, c
     cases = tmp_path / "code.jsonl"
     rows = [
         {"name": "kept", "completion": "def f(x):\n    return x\n", "tests": ["assert f(1) == 1"], "expected": True},
-        {"name": "inside", "completion": "def f(x):\n    return x\n", "tests": ["def ref(x):\n    return x\nassert f(2) == ref(2)"],
-         "expected": True},
+        {
+            "name": "inside",
+            "completion": "def f(x):\n    return x\n",
+            "tests": ["def ref(x):\n    return x\nassert f(2) == ref(2)"],
+            "expected": True,
+        },
     ]
     cases.write_text("\n".join(json.dumps(r) for r in rows))
     assert run_audit("code", str(cases)) == 0

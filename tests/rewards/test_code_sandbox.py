@@ -62,9 +62,21 @@ def test_no_process_left_behind(suite_results):
 
 def test_suite_covers_the_issue_attacks():
     names = {c["name"] for c in CASES}
-    for attack in ["sys_exit_at_import", "os_exit_at_import", "always_equal_object", "print_pass_marker", "read_harness_and_forge",
-                   "read_tests_from_disk", "fork_bomb", "memory_bomb", "disk_bomb", "stdout_bomb", "sleep_past_limit",
-                   "network_needed", "setsid_detach"]:
+    for attack in [
+        "sys_exit_at_import",
+        "os_exit_at_import",
+        "always_equal_object",
+        "print_pass_marker",
+        "read_harness_and_forge",
+        "read_tests_from_disk",
+        "fork_bomb",
+        "memory_bomb",
+        "disk_bomb",
+        "stdout_bomb",
+        "sleep_past_limit",
+        "network_needed",
+        "setsid_detach",
+    ]:
         assert attack in names
 
 
@@ -85,7 +97,9 @@ def test_cannot_reach_a_listening_socket_on_host_loopback():
     try:
         code = f"import socket\ndef probe():\n    socket.create_connection(('127.0.0.1', {port}), timeout=1).close()\n    return 'reached'\n"
         run = run_sandboxed(code, [{"kind": "eval", "code": "probe()"}], limits=FAST)
-        assert ("ERROR", 0, "ConnectionRefusedError") in run.records or any(k == "ERROR" and i == 0 for k, i, _ in run.records)
+        assert ("ERROR", 0, "ConnectionRefusedError") in run.records or any(
+            k == "ERROR" and i == 0 for k, i, _ in run.records
+        )
         assert ("VALUE", 0, "'reached'") not in run.records
         # ... and the same probe from here reaches it, so the test can fail.
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -115,9 +129,16 @@ def test_empty_root_hides_host_files_sockets_and_keeps_nothing(tmp_path, isolati
 
     from rlvr.rewards.sandbox import _works
 
-    if isolation == "namespaces" and os.geteuid() != 0 or isolation == "bwrap" and shutil.which("bwrap") is None \
-            or not _works(isolation):
-        pytest.skip(f"{isolation} isolation is not available here (root with CAP_SYS_ADMIN, or bubblewrap that can run)")
+    if (
+        isolation == "namespaces"
+        and os.geteuid() != 0
+        or isolation == "bwrap"
+        and shutil.which("bwrap") is None
+        or not _works(isolation)
+    ):
+        pytest.skip(
+            f"{isolation} isolation is not available here (root with CAP_SYS_ADMIN, or bubblewrap that can run)"
+        )
     host_tmp = Path(tempfile.mkdtemp(prefix="rlvr-host-", dir="/tmp"))
     try:
         os.chmod(host_tmp, 0o777)
@@ -136,7 +157,13 @@ def test_empty_root_hides_host_files_sockets_and_keeps_nothing(tmp_path, isolati
             f"def persist():\n    open({str(host_tmp / 'left.txt')!r}, 'w').write('x')\n    return 1\n"
             "def scratch():\n    import tempfile\n    with open(os.path.join(tempfile.gettempdir(), 'mine.txt'), 'w') as f:\n        f.write('ok')\n    return 1\n"
         )
-        tests = ["assert secret() == 'x'", "assert sock() == 1", "assert project() is False", "assert persist() == 1", "assert scratch() == 1"]
+        tests = [
+            "assert secret() == 'x'",
+            "assert sock() == 1",
+            "assert project() is False",
+            "assert persist() == 1",
+            "assert scratch() == 1",
+        ]
         v = check_code(probe, tests, limits=FAST, isolation=isolation)
         outcome = dict(v.extra["failures"])
         assert "OSError" in outcome[0] or "FileNotFoundError" in outcome[0], outcome  # the case file is not there
@@ -151,25 +178,58 @@ def test_empty_root_hides_host_files_sockets_and_keeps_nothing(tmp_path, isolati
 
 def test_expected_values_never_enter_the_sandbox():
     tests = [
-        "assert f(2) == 12345", "assert 777 == g()", "assert h(1) != 'secret'",
-        "assert abs(area(2) - 12.566) < 1e-6", "assert f(1) == 4242 and f(2) == 4343", "assert 0 < f(3) < 9191 == 9191",
-        "assert all(f(x) == y for x, y in [(1, 5151), (2, 5252)])", "for x, y in [(1, 6161), (2, 6262)]:\n    assert f(x) == y",
-        "CASES = [(1, 7171)]\nfor a, b in CASES:\n    assert f(a) == b", "import math\nassert math.isclose(f(1), 8.125, rel_tol=1e-9)",
+        "assert f(2) == 12345",
+        "assert 777 == g()",
+        "assert h(1) != 'secret'",
+        "assert abs(area(2) - 12.566) < 1e-6",
+        "assert f(1) == 4242 and f(2) == 4343",
+        "assert 0 < f(3) < 9191 == 9191",
+        "assert all(f(x) == y for x, y in [(1, 5151), (2, 5252)])",
+        "for x, y in [(1, 6161), (2, 6262)]:\n    assert f(x) == y",
+        "CASES = [(1, 7171)]\nfor a, b in CASES:\n    assert f(a) == b",
+        "import math\nassert math.isclose(f(1), 8.125, rel_tol=1e-9)",
     ]
     compiled = compile_assert_tests(tests)
     sent = json.dumps([s for s in compiled.steps if s["kind"] == "eval"])
-    for literal in ("12345", "777", "secret", "12.566", "4242", "4343", "9191", "5151", "5252", "6161", "6262", "7171", "8.125"):
+    for literal in (
+        "12345",
+        "777",
+        "secret",
+        "12.566",
+        "4242",
+        "4343",
+        "9191",
+        "5151",
+        "5252",
+        "6161",
+        "6262",
+        "7171",
+        "8.125",
+    ):
         assert literal not in sent, literal
     assert compiled.not_tamper_proof() == []
     # a comparison of two computed values, or an assert inside a helper, is judged in the sandbox: reported
-    shaky = compile_assert_tests(["assert f(3) == reference(3)", "def check():\n    assert f(1) == 2\ncheck()", "assert f(1) == 2",
-                                  "import numpy as np\nassert np.allclose(f(1), [0.5])"])
+    shaky = compile_assert_tests(
+        [
+            "assert f(3) == reference(3)",
+            "def check():\n    assert f(1) == 2\ncheck()",
+            "assert f(1) == 2",
+            "import numpy as np\nassert np.allclose(f(1), [0.5])",
+        ]
+    )
     assert shaky.not_tamper_proof() == [0, 1, 3]
     # the test's own imports of pure functions are applied in the parent too
-    aliased = compile_assert_tests(["from math import isclose\nassert isclose(f(1), 0.3125)", "import math as m\nassert m.isclose(f(1), 0.3125)"])
+    aliased = compile_assert_tests(
+        ["from math import isclose\nassert isclose(f(1), 0.3125)", "import math as m\nassert m.isclose(f(1), 0.3125)"]
+    )
     assert "0.3125" not in json.dumps(aliased.steps) and aliased.not_tamper_proof() == []
     # a literal bound to a name stays in the parent unless a statement run in the sandbox needs it
-    named = compile_assert_tests(["expected = [4141] * 3\nassert f() == expected", "data = [3, 1, 2]\nsort_in_place(data)\nassert data == [1, 2, 3]"])
+    named = compile_assert_tests(
+        [
+            "expected = [4141] * 3\nassert f() == expected",
+            "data = [3, 1, 2]\nsort_in_place(data)\nassert data == [1, 2, 3]",
+        ]
+    )
     sent = json.dumps(named.steps)
     assert "4141" not in sent and "data = [3, 1, 2]" in sent and named.not_tamper_proof() == []
 
@@ -186,7 +246,10 @@ def test_expected_values_never_enter_the_sandbox():
     ],
 )
 def test_tolerance_asserts_are_judged_in_the_parent(program):
-    tests = ["assert abs(area(2) - 12.566370614359172) < 1e-6", "import math\nassert math.isclose(area(2), 12.566370614359172)"]
+    tests = [
+        "assert abs(area(2) - 12.566370614359172) < 1e-6",
+        "import math\nassert math.isclose(area(2), 12.566370614359172)",
+    ]
     v = check_code(program, tests, limits=FAST)
     assert not v.correct and v.extra["passed"] == 0, v.extra
     assert check_code("import math\ndef area(r):\n    return math.pi * r * r\n", tests, limits=FAST).correct
@@ -200,12 +263,36 @@ def test_tolerance_asserts_are_judged_in_the_parent(program):
         ("def f():\n    return 7 ** 6000\n", ["assert f() == 7 ** 6000"], True),
         ("def f():\n    return 7 ** 6000 + 1\n", ["assert f() == 7 ** 6000"], False),
         ("def f():\n    return list(range(300000))\n", ["assert f() == list(range(300000))"], True),
-        ("from fractions import Fraction\ndef f():\n    return Fraction(1, 3)\n", ["from fractions import Fraction\nassert f() == Fraction(1, 3)"], True),
-        ("from decimal import Decimal\ndef f():\n    return Decimal('1.5')\n", ["from decimal import Decimal\nassert f() == Decimal('1.5')"], True),
-        ("from collections import Counter\ndef f():\n    return Counter('aab')\n", ["assert f() == {'a': 2, 'b': 1}"], True),
-        ("from collections import defaultdict\ndef f():\n    d = defaultdict(int)\n    d['a'] += 1\n    return d\n", ["assert f() == {'a': 1}"], True),
-        ("from collections import namedtuple\nP = namedtuple('P', 'x y')\ndef f():\n    return P(1, 2)\n", ["assert f() == (1, 2)"], True),
-        ("def f():\n    return float('nan'), float('inf'), -0.0, b'\\x00', 1 + 2j\n", ["import math\nassert math.isnan(f()[0]) and f()[1:] == (float('inf'), 0.0, b'\\x00', 1 + 2j)"], True),
+        (
+            "from fractions import Fraction\ndef f():\n    return Fraction(1, 3)\n",
+            ["from fractions import Fraction\nassert f() == Fraction(1, 3)"],
+            True,
+        ),
+        (
+            "from decimal import Decimal\ndef f():\n    return Decimal('1.5')\n",
+            ["from decimal import Decimal\nassert f() == Decimal('1.5')"],
+            True,
+        ),
+        (
+            "from collections import Counter\ndef f():\n    return Counter('aab')\n",
+            ["assert f() == {'a': 2, 'b': 1}"],
+            True,
+        ),
+        (
+            "from collections import defaultdict\ndef f():\n    d = defaultdict(int)\n    d['a'] += 1\n    return d\n",
+            ["assert f() == {'a': 1}"],
+            True,
+        ),
+        (
+            "from collections import namedtuple\nP = namedtuple('P', 'x y')\ndef f():\n    return P(1, 2)\n",
+            ["assert f() == (1, 2)"],
+            True,
+        ),
+        (
+            "def f():\n    return float('nan'), float('inf'), -0.0, b'\\x00', 1 + 2j\n",
+            ["import math\nassert math.isnan(f()[0]) and f()[1:] == (float('inf'), 0.0, b'\\x00', 1 + 2j)"],
+            True,
+        ),
     ],
 )
 def test_plain_data_round_trip_is_exact(program, tests, expected):
@@ -235,14 +322,31 @@ def test_extract_code_takes_last_python_block():
 def test_reward_function_contract_parallel():
     fn = REWARDS.get("code")(tests_column="tests", timeout_s=2.0)
     tests = [["assert add(1, 2) == 3"]] * 3
-    completions = ["def add(a, b):\n    return a + b\n", [{"role": "assistant", "content": "def add(a, b):\n    return a - b\n"}], "def add(a, b):\n    return a + b\n"]
+    completions = [
+        "def add(a, b):\n    return a + b\n",
+        [{"role": "assistant", "content": "def add(a, b):\n    return a - b\n"}],
+        "def add(a, b):\n    return a + b\n",
+    ]
     assert fn(None, completions, None, tests=tests, truncated=[False, False, True]) == [1.0, 0.0, 0.0]
     assert fn.kind == "correctness" and fn.gold_column == "tests" and fn.stats["truncated"] == 1
 
 
-@pytest.mark.skipif(__import__("shutil").which("bwrap") is None, reason="bubblewrap not installed (apt-get install bubblewrap)")
-@pytest.mark.parametrize("name", ["correct_assert", "correct_stdio", "sys_exit_at_import", "always_equal_object", "write_result_channel",
-                                  "stdout_bomb", "network_needed", "setsid_detach"])
+@pytest.mark.skipif(
+    __import__("shutil").which("bwrap") is None, reason="bubblewrap not installed (apt-get install bubblewrap)"
+)
+@pytest.mark.parametrize(
+    "name",
+    [
+        "correct_assert",
+        "correct_stdio",
+        "sys_exit_at_import",
+        "always_equal_object",
+        "write_result_channel",
+        "stdout_bomb",
+        "network_needed",
+        "setsid_detach",
+    ],
+)
 def test_bwrap_isolation(name):
     case = next(c for c in CASES if c["name"] == name)
     before = _live_children_of_sandboxes()

@@ -5,12 +5,21 @@ import pytest
 from rlvr.rewards import REWARDS, check_json, strict_loads
 from rlvr.rewards.jsoncheck import StrictJSONError
 
-SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "format": "email"}}, "required": ["a", "b"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "string", "format": "email"}},
+    "required": ["a", "b"],
+}
 
 
 @pytest.mark.parametrize(
     "text, reason",
-    [('{"a": NaN}', "nan_or_infinity"), ('{"a": 1, "a": 2}', "duplicate_key"), ('{"a": 1} x', "trailing_data"), ("{a: 1}", "invalid_json")],
+    [
+        ('{"a": NaN}', "nan_or_infinity"),
+        ('{"a": 1, "a": 2}', "duplicate_key"),
+        ('{"a": 1} x', "trailing_data"),
+        ("{a: 1}", "invalid_json"),
+    ],
 )
 def test_strict_loads_rejects(text, reason):
     with pytest.raises(StrictJSONError) as info:
@@ -20,7 +29,9 @@ def test_strict_loads_rejects(text, reason):
 
 def test_incomplete_reward_option_and_gold():
     fn = REWARDS.get("json_schema")(schema=SCHEMA, incomplete_reward=0.25)
-    got = fn(None, ['{"a": 1, "b": "x@y.org"}', '{"a": 1}', '{"a": "1", "b": "x@y.org"}', '{"a": 1, "b": "nope"}'], None)
+    got = fn(
+        None, ['{"a": 1, "b": "x@y.org"}', '{"a": 1}', '{"a": "1", "b": "x@y.org"}', '{"a": 1, "b": "nope"}'], None
+    )
     assert got == [1.0, 0.25, 0.0, 0.0]
     # 1 == True in Python; in JSON they differ, and a gold comparison must say so.
     assert check_json('{"v": true}', {"type": "object"}, gold='{"v": 1}').reason == "wrong_value"
@@ -42,8 +53,9 @@ def test_ecma_patterns_email_and_one_number_type():
     assert check_json('{"c": "123\\n"}', code).reason == "schema_violation"  # Python's $ matches before a final \n
     assert check_json('{"c": "\u0663"}', code).reason == "schema_violation"  # Python's \d matches Arabic-Indic digits
     mail = {"type": "string", "format": "email"}
-    assert [check_json(json_text, mail).correct for json_text in ('"@"', '"ada@"', '"a b@example.org"', '"ada@example.org"')] == [
-        False, False, False, True]
+    assert [
+        check_json(json_text, mail).correct for json_text in ('"@"', '"ada@"', '"a b@example.org"', '"ada@example.org"')
+    ] == [False, False, False, True]
     assert check_json('{"n": 3.0}', {"type": "object"}, gold='{"n": 3}').correct
     assert check_json('{"n": 1e2}', {"type": "object"}, gold={"n": 100}).correct
     assert check_json('{"n": 9e999}', {"type": "object"}, gold='{"n": 1e400}').reason == "non_finite_number"
@@ -59,7 +71,13 @@ def test_every_completion_gets_a_verdict_and_a_stall_costs_only_itself():
     schemas = [evil, mult, mult, mult, {"$ref": "#"}]
     start = time.monotonic()
     got = fn(None, completions, None, schema=schemas)
-    assert got == [0.0, 1.0, 0.0, 1.0, 0.0]  # never None, never an exception for the batch (99...9 is a multiple of 0.01)
+    assert got == [
+        0.0,
+        1.0,
+        0.0,
+        1.0,
+        0.0,
+    ]  # never None, never an exception for the batch (99...9 is a multiple of 0.01)
     assert [v.reason for v in fn.verdicts(None, completions[:1], None, schema=schemas[:1])] == ["timeout"]
     assert time.monotonic() - start < 30  # one cut-off stall each, plus worker restarts on a shared machine
 
@@ -71,8 +89,18 @@ def test_schema_patterns_are_checked_as_ecma_at_load():
         REWARDS.get("json_schema")(schema={"type": "string", "pattern": "(("})
 
 
-@pytest.mark.parametrize("value, divisor, ok", [("0.3", 0.1, True), ("0.35", 0.1, False), ("19.99", 0.01, True), ("1e308", 0.5, True),
-                                                ("9" * 5000, 0.01, True), ("9" * 5000, 7, False), ("10", 3, False)])
+@pytest.mark.parametrize(
+    "value, divisor, ok",
+    [
+        ("0.3", 0.1, True),
+        ("0.35", 0.1, False),
+        ("19.99", 0.01, True),
+        ("1e308", 0.5, True),
+        ("9" * 5000, 0.01, True),
+        ("9" * 5000, 7, False),
+        ("10", 3, False),
+    ],
+)
 def test_multiple_of_is_exact(value, divisor, ok):
     schema = {"type": "object", "properties": {"n": {"multipleOf": divisor}}}
     assert check_json('{"n": %s}' % value, schema).correct is ok

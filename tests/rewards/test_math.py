@@ -33,7 +33,15 @@ def test_number_words(text, value):
 
 @pytest.mark.parametrize(
     "text, num, den",
-    [("1,234", 1234, 1), ("-3/4", -3, 4), ("\\frac{3}{4}", 3, 4), ("1.5e3", 1500, 1), ("2.5 \\times 10^{3}", 2500, 1), ("0.10", 1, 10), ("1.5 million", 1500000, 1)],
+    [
+        ("1,234", 1234, 1),
+        ("-3/4", -3, 4),
+        ("\\frac{3}{4}", 3, 4),
+        ("1.5e3", 1500, 1),
+        ("2.5 \\times 10^{3}", 2500, 1),
+        ("0.10", 1, 10),
+        ("1.5 million", 1500000, 1),
+    ],
 )
 def test_parse_number_exact(text, num, den):
     value = parse_number(text)
@@ -106,12 +114,18 @@ def test_timeout_is_zero_and_counted():
         from rlvr.rewards import symbolic
 
         pool._spawn_real = pool._spawn
+
         def stub():
-            proc = subprocess.Popen([sys.executable, "-c", "import sys,time;print('{\"ready\": true}',flush=True);time.sleep(60)"],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-c", "import sys,time;print('{\"ready\": true}',flush=True);time.sleep(60)"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                start_new_session=True,
+            )
             w = symbolic._Worker(proc)
             assert w.read_line(__import__("time").monotonic() + 30) is not None
             return w
+
         pool._spawn = stub
         assert pool.compare("x", "x", timeout_s=0.3) == "timeout"
         assert pool.timeouts == 1
@@ -126,8 +140,15 @@ def test_timeout_is_zero_and_counted():
 
 def test_reward_function_contract_and_counts():
     fn = REWARDS.get("math")(gold_column="answer", timeout_s=5)
-    completions = ["\\boxed{18}", [{"role": "assistant", "content": "Answer: 7"}], "\\boxed{3} \\boxed{4}", "\\boxed{18}"]
-    rewards = fn(["p"] * 4, completions, [[1]] * 4, answer=["18", "7", "3", "18"], truncated=[False, False, False, True])
+    completions = [
+        "\\boxed{18}",
+        [{"role": "assistant", "content": "Answer: 7"}],
+        "\\boxed{3} \\boxed{4}",
+        "\\boxed{18}",
+    ]
+    rewards = fn(
+        ["p"] * 4, completions, [[1]] * 4, answer=["18", "7", "3", "18"], truncated=[False, False, False, True]
+    )
     assert rewards == [1.0, 1.0, 0.0, 0.0]
     assert fn.__name__ == "math" and fn.kind == "correctness" and fn.gold_column == "answer"
     assert fn.stats["multiple_answers"] == 1 and fn.stats["truncated"] == 1
@@ -135,7 +156,12 @@ def test_reward_function_contract_and_counts():
         fn(["p"], ["\\boxed{1}"], [[1]], solution=["1"])
 
 
-_SYMBOLIC_CASES = [("(x+1)^2", "x^2+2x+1", 1.0), ("\\frac{\\pi}{2}", "\\pi/2", 1.0), ("(x+1)^2", "x^2+1", 0.0), ("\\sqrt{8}", "2\\sqrt{2}", 1.0)]
+_SYMBOLIC_CASES = [
+    ("(x+1)^2", "x^2+2x+1", 1.0),
+    ("\\frac{\\pi}{2}", "\\pi/2", 1.0),
+    ("(x+1)^2", "x^2+1", 0.0),
+    ("\\sqrt{8}", "2\\sqrt{2}", 1.0),
+]
 
 
 def _score(case):
@@ -210,7 +236,7 @@ def test_numeric_forms_property():
         lambda n: f"\\${n:,}",
     ]
     for _ in range(150):
-        gold = rng.randint(-10**7, 10**7)
+        gold = rng.randint(-(10**7), 10**7)
         form = rng.choice(forms)
         assert check_math(f"The answer is {form(gold)}.", str(gold)).reward == 1.0, form(gold)
         for decoy in {gold + 1, gold - 1, gold * 10, gold * 100, -gold} - {gold}:
@@ -230,8 +256,17 @@ def test_worker_itself_never_executes_text(tmp_path):
 
 @pytest.mark.parametrize(
     "text, num, den",
-    [("1 1/2", 3, 2), ("-2 3/4", -11, 4), ("1\\frac{1}{2}", 3, 2), ("0.\\overline{3}", 1, 3), ("0.1\\overline{6}", 1, 6),
-     ("two thirds", 2, 3), ("one half", 1, 2), ("half a million", 500000, 1), ("18 thousandths", 9, 500)],
+    [
+        ("1 1/2", 3, 2),
+        ("-2 3/4", -11, 4),
+        ("1\\frac{1}{2}", 3, 2),
+        ("0.\\overline{3}", 1, 3),
+        ("0.1\\overline{6}", 1, 6),
+        ("two thirds", 2, 3),
+        ("one half", 1, 2),
+        ("half a million", 500000, 1),
+        ("18 thousandths", 9, 500),
+    ],
 )
 def test_mixed_numbers_repeating_decimals_and_fraction_words(text, num, den):
     value = parse_number(text)
@@ -245,8 +280,15 @@ def test_malformed_mixed_and_fraction_words_are_not_numbers(text):
 
 @pytest.mark.parametrize(
     "text, interval",
-    [("x < 1 or x > 3", "(-\\infty, 1) \\cup (3, \\infty)"), ("2 \\le x < 5", "[2, 5)"), ("5 > x \\geq 2", "[2, 5)"),
-     ("x \\in [0, 1]", "[0, 1]"), ("3 < x", "(3, \\infty)"), ("x < 1 or y > 3", None), ("18", None)],
+    [
+        ("x < 1 or x > 3", "(-\\infty, 1) \\cup (3, \\infty)"),
+        ("2 \\le x < 5", "[2, 5)"),
+        ("5 > x \\geq 2", "[2, 5)"),
+        ("x \\in [0, 1]", "[0, 1]"),
+        ("3 < x", "(3, \\infty)"),
+        ("x < 1 or y > 3", None),
+        ("18", None),
+    ],
 )
 def test_inequalities_as_intervals(text, interval):
     from rlvr.rewards.mathcheck import inequalities_as_intervals
@@ -256,9 +298,14 @@ def test_inequalities_as_intervals(text, interval):
 
 @pytest.mark.parametrize(
     "completion, reason",
-    [("Final answer: 18. No wait, that's wrong.", "retracted"), ("\\boxed{18}" * 21, "too_many_boxes"),
-     ("\\boxed{" + "1" * 1200 + "} \\boxed{18}", "answer_too_long"), ("\\boxed{18} then \\boxed{1", "unclosed_box"),
-     ("Answer: 18 factorial", "words"), ("Answer: 2 or 5", "hedged")],
+    [
+        ("Final answer: 18. No wait, that's wrong.", "retracted"),
+        ("\\boxed{18}" * 21, "too_many_boxes"),
+        ("\\boxed{" + "1" * 1200 + "} \\boxed{18}", "answer_too_long"),
+        ("\\boxed{18} then \\boxed{1", "unclosed_box"),
+        ("Answer: 18 factorial", "words"),
+        ("Answer: 2 or 5", "hedged"),
+    ],
 )
 def test_second_answers_and_value_words_are_rejected_with_a_reason(completion, reason):
     gold = "(2, 5)" if "2 or 5" in completion else "18"
@@ -278,12 +325,19 @@ def test_units_are_an_allow_list():
 @pytest.mark.parametrize(
     "gold, pred, same",
     [
-        ("\\pi", "3.141593", False), ("\\pi", "3.141592653589793238462643383279502884197169399", False),
-        ("\\frac{\\sqrt{3}}{2}", "0.866025", False), ("\\frac{1}{2^{99}}", "\\frac{1}{2^{98}}", False),
-        ("\\frac{1}{2^{99}}", "2^{-99}", True), ("\\sqrt{18}", "3\\sqrt{2}", True),
-        ("0.866", "\\frac{\\sqrt{3}}{2}", True), ("0.866", "\\frac{\\sqrt{2}}{2}", False),  # a decimal gold sets the precision
-        ("\\{1, 2\\}", "(1, 2)", False), ("(1, 2)", "\\{1, 2\\}", False), ("(2, 5)", "2, 5", False),
-        ("(-\\infty, 1) \\cup (3, \\infty)", "x < 1 \\text{ or } x > 3", True), ("[2, 5)", "2 \\le x < 5", True),
+        ("\\pi", "3.141593", False),
+        ("\\pi", "3.141592653589793238462643383279502884197169399", False),
+        ("\\frac{\\sqrt{3}}{2}", "0.866025", False),
+        ("\\frac{1}{2^{99}}", "\\frac{1}{2^{98}}", False),
+        ("\\frac{1}{2^{99}}", "2^{-99}", True),
+        ("\\sqrt{18}", "3\\sqrt{2}", True),
+        ("0.866", "\\frac{\\sqrt{3}}{2}", True),
+        ("0.866", "\\frac{\\sqrt{2}}{2}", False),  # a decimal gold sets the precision
+        ("\\{1, 2\\}", "(1, 2)", False),
+        ("(1, 2)", "\\{1, 2\\}", False),
+        ("(2, 5)", "2, 5", False),
+        ("(-\\infty, 1) \\cup (3, \\infty)", "x < 1 \\text{ or } x > 3", True),
+        ("[2, 5)", "2 \\le x < 5", True),
     ],
 )
 def test_values_are_exact_and_sets_are_not_tuples(gold, pred, same):

@@ -49,9 +49,7 @@ class CompletionsServer:
                     self._send(404, {"error": "not found"})
 
             def do_POST(self):
-                payload = json.loads(
-                    self.rfile.read(int(self.headers["Content-Length"]))
-                )
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if self.path == "/v1/completions":
                     self._send(200, server.complete(payload))
                 elif self.path == "/reload":
@@ -78,9 +76,7 @@ class CompletionsServer:
             seed=payload.get("seed"),
         )
         with self.lock, torch.no_grad():
-            out = self.engine.generate(
-                [payload["prompt"]], payload.get("n", 1), sampling
-            )
+            out = self.engine.generate([payload["prompt"]], payload.get("n", 1), sampling)
         choices = [
             {
                 "index": i,

@@ -130,8 +130,14 @@ def install(monkeypatch) -> type[LLM]:
     LLM.instances = []
     LLM.force_finish = None
     mods = {}
-    for name in ("vllm", "vllm.inputs", "vllm.lora", "vllm.lora.request", "vllm.distributed",
-                 "vllm.distributed.parallel_state"):
+    for name in (
+        "vllm",
+        "vllm.inputs",
+        "vllm.lora",
+        "vllm.lora.request",
+        "vllm.distributed",
+        "vllm.distributed.parallel_state",
+    ):
         mod = types.ModuleType(name)
         mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
         mods[name] = mod

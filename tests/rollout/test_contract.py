@@ -67,25 +67,16 @@ def backend(request, llama_and_tok):
         engine.close()
 
 
-def trainer_logp(
-    model, prompt: list[int], completion: list[int], temperature: float
-) -> list[float]:
+def trainer_logp(model, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
     """What the trainer computes: log_softmax(logits / T) of one full forward, at the completion tokens."""
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
     T = temperature if temperature > 0 else 1.0
-    return (
-        torch.log_softmax(logits / T, dim=-1)
-        .gather(1, torch.tensor(completion)[:, None])
-        .squeeze(1)
-        .tolist()
-    )
+    return torch.log_softmax(logits / T, dim=-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1).tolist()
 
 
-def sampled_logp(
-    model, prompt: list[int], completion: list[int], sampling: SamplingParams, order: str
-) -> list[float]:
+def sampled_logp(model, prompt: list[int], completion: list[int], sampling: SamplingParams, order: str) -> list[float]:
     """The contract's log-probs: those of the distribution each token was drawn from, rebuilt from one full
     forward with transformers' own logits processors (an implementation independent of every engine's).
     ``order``: "transformers" (penalty, temperature, top-k, top-p, min-p: hf, native) or "vllm" (penalty,
@@ -102,7 +93,8 @@ def sampled_logp(
         return trainer_logp(model, prompt, completion, 0.0)
     procs = {
         "penalty": RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty)
-        if sampling.repetition_penalty != 1.0 else None,
+        if sampling.repetition_penalty != 1.0
+        else None,
         "temperature": TemperatureLogitsWarper(sampling.temperature),
         "top_k": TopKLogitsWarper(sampling.top_k) if sampling.top_k > 0 else None,
         "top_p": TopPLogitsWarper(sampling.top_p) if sampling.top_p < 1.0 else None,
@@ -135,20 +127,14 @@ def greedy_reference(model, tok, prompts, max_tokens, **sampling):
 def test_shapes_grouping_finish_reasons(backend, prompts, llama_and_tok):
     _, tok = llama_and_tok
     n, max_tokens = 3, 6
-    out = backend().generate(
-        prompts, n, SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=1)
-    )
+    out = backend().generate(prompts, n, SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=1))
     assert len(out) == len(prompts) * n
-    assert [c.prompt_index for c in out] == [
-        i for i in range(len(prompts)) for _ in range(n)
-    ]
+    assert [c.prompt_index for c in out] == [i for i in range(len(prompts)) for _ in range(n)]
     for c in out:
         assert 1 <= len(c.token_ids) <= max_tokens
         assert c.logprobs is not None and len(c.logprobs) == len(c.token_ids)
         assert all(math.isfinite(lp) and lp <= 0.0 for lp in c.logprobs)
-        assert (
-            tok.eos_token_id not in c.token_ids[:-1]
-        )  # nothing is kept after the first EOS
+        assert tok.eos_token_id not in c.token_ids[:-1]  # nothing is kept after the first EOS
         if c.finish_reason == "stop":
             assert c.token_ids[-1] == tok.eos_token_id
         else:
@@ -182,22 +168,14 @@ def test_logprobs_are_the_sampling_distribution(backend, prompts, llama_and_tok,
     for c in out:
         expected = sampled_logp(model, prompts[c.prompt_index], c.token_ids, sampling, order)
         # float32 end to end; the only differences are summation order (KV cache vs full forward).
-        assert c.logprobs == pytest.approx(
-            expected, abs=LOGP_TOL.get(backend.name, 2e-4)
-        )
+        assert c.logprobs == pytest.approx(expected, abs=LOGP_TOL.get(backend.name, 2e-4))
 
 
 def test_seed_reproduces_and_differs(backend, prompts):
     engine = backend()
-    a = engine.generate(
-        prompts, 3, SamplingParams(temperature=1.0, max_tokens=8, seed=11)
-    )
-    b = engine.generate(
-        prompts, 3, SamplingParams(temperature=1.0, max_tokens=8, seed=11)
-    )
-    c = engine.generate(
-        prompts, 3, SamplingParams(temperature=1.0, max_tokens=8, seed=12)
-    )
+    a = engine.generate(prompts, 3, SamplingParams(temperature=1.0, max_tokens=8, seed=11))
+    b = engine.generate(prompts, 3, SamplingParams(temperature=1.0, max_tokens=8, seed=11))
+    c = engine.generate(prompts, 3, SamplingParams(temperature=1.0, max_tokens=8, seed=12))
     assert [x.token_ids for x in a] == [x.token_ids for x in b]
     # 12 completions of up to 8 tokens over an 86-token vocabulary: equal by chance has negligible odds.
     assert [x.token_ids for x in a] != [x.token_ids for x in c]
@@ -211,20 +189,12 @@ def test_seed_reproduces_and_differs(backend, prompts):
     ],
     ids=["plain", "repetition-penalty"],
 )
-def test_greedy_matches_transformers_generate(
-    backend, prompts, llama_and_tok, sampling
-):
+def test_greedy_matches_transformers_generate(backend, prompts, llama_and_tok, sampling):
     model, tok = llama_and_tok
     expected = greedy_reference(model, tok, prompts, 12, **sampling)
-    out = backend().generate(
-        prompts, 2, SamplingParams(temperature=0.0, max_tokens=12, **sampling)
-    )
-    assert [c.token_ids for c in out] == [
-        e.token_ids for e in expected for _ in range(2)
-    ]
-    assert [c.finish_reason for c in out] == [
-        e.finish_reason for e in expected for _ in range(2)
-    ]
+    out = backend().generate(prompts, 2, SamplingParams(temperature=0.0, max_tokens=12, **sampling))
+    assert [c.token_ids for c in out] == [e.token_ids for e in expected for _ in range(2)]
+    assert [c.finish_reason for c in out] == [e.finish_reason for e in expected for _ in range(2)]
 
 
 @pytest.mark.parametrize(
@@ -236,12 +206,8 @@ def test_degenerate_filters_are_greedy(backend, prompts, llama_and_tok, filters)
     """Each filter, pushed to its limit, leaves only the argmax: proves the filter is applied at all."""
     model, tok = llama_and_tok
     expected = greedy_reference(model, tok, prompts, 8)
-    out = backend().generate(
-        prompts, 2, SamplingParams(temperature=1.0, max_tokens=8, seed=0, **filters)
-    )
-    assert [c.token_ids for c in out] == [
-        e.token_ids for e in expected for _ in range(2)
-    ]
+    out = backend().generate(prompts, 2, SamplingParams(temperature=1.0, max_tokens=8, seed=0, **filters))
+    assert [c.token_ids for c in out] == [e.token_ids for e in expected for _ in range(2)]
 
 
 def _first_new_token_position(ids: list[int]) -> int:
@@ -250,8 +216,10 @@ def _first_new_token_position(ids: list[int]) -> int:
     for k in range(1, len(ids) - 1):
         if ids[k] not in ids[:k]:
             return k
-    pytest.fail("the test model's greedy output repeats one token, so no unambiguous EOS can be derived from "
-                "it: change the fixture model's seed")
+    pytest.fail(
+        "the test model's greedy output repeats one token, so no unambiguous EOS can be derived from "
+        "it: change the fixture model's seed"
+    )
 
 
 def test_eos_ends_completion_and_is_kept(backend, prompts, llama_and_tok):
@@ -259,9 +227,7 @@ def test_eos_ends_completion_and_is_kept(backend, prompts, llama_and_tok):
     ref = greedy_reference(model, tok, prompts[:1], 12)[0].token_ids
     k = _first_new_token_position(ref)
     # Declare the k-th greedy token to be the EOS: the completion must end right there, EOS included.
-    out = backend(eos_token_ids=[ref[k]]).generate(
-        prompts[:1], 2, SamplingParams(temperature=0.0, max_tokens=12)
-    )
+    out = backend(eos_token_ids=[ref[k]]).generate(prompts[:1], 2, SamplingParams(temperature=0.0, max_tokens=12))
     for c in out:
         assert c.token_ids == ref[: k + 1]
         assert c.finish_reason == "stop"

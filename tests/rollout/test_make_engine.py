@@ -27,9 +27,7 @@ def test_unknown_engine_lists_valid_names(llama_and_tok):
     assert all(name in str(err.value) for name in ENGINE_NAMES)
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here"
-)
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_vllm_without_vllm_names_the_extra(llama_and_tok):
     model, tok = llama_and_tok
     with pytest.raises(ImportError, match=r"pip install 'rlvr\[vllm\]'"):

@@ -13,10 +13,7 @@ def test_hand_derived_values():
     sampler = torch.tensor([[-1.0, -2.0, float("nan")], [-0.5, -0.5, -0.5]])
     trainer = torch.tensor([[-1.0, -2.0 + ln2, 0.0], [-9.0, -9.0, -9.0]])
     mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
-    m = {
-        k.removeprefix("mismatch/"): float(v)
-        for k, v in logprob_mismatch_metrics(sampler, trainer, mask).items()
-    }
+    m = {k.removeprefix("mismatch/"): float(v) for k, v in logprob_mismatch_metrics(sampler, trainer, mask).items()}
     assert m["tokens"] == 2
     assert m["abs_logp_diff_mean"] == pytest.approx(ln2 / 2)
     assert m["abs_logp_diff_max"] == pytest.approx(ln2)
@@ -25,9 +22,7 @@ def test_hand_derived_values():
     assert m["is_weight_mean"] == pytest.approx(1.5)
     assert m["is_weight_std"] == pytest.approx(0.5)  # population std of {1, 2}
     assert (m["is_weight_min"], m["is_weight_max"]) == pytest.approx((1.0, 2.0))
-    assert (
-        m["is_weight_frac_outside_2x"] == 0.0
-    )  # w = 2 is on the boundary, not outside
+    assert m["is_weight_frac_outside_2x"] == 0.0  # w = 2 is on the boundary, not outside
     # One sequence with tokens: geometric-mean weight exp((0 + ln 2) / 2) = sqrt 2.
     assert m["seq_is_weight_mean"] == pytest.approx(math.sqrt(2))
     assert m["seq_is_weight_min"] == pytest.approx(math.sqrt(2))
@@ -38,10 +33,7 @@ def test_no_tokens_is_finite_and_neutral():
     z = torch.zeros(2, 3)
     m = logprob_mismatch_metrics(z, z + 5, torch.zeros(2, 3, dtype=torch.bool))
     assert all(torch.isfinite(v) for v in m.values())
-    assert (
-        float(m["mismatch/is_weight_mean"]) == 1.0
-        and float(m["mismatch/tokens"]) == 0.0
-    )
+    assert float(m["mismatch/is_weight_mean"]) == 1.0 and float(m["mismatch/tokens"]) == 0.0
 
 
 def test_shape_mismatch_is_a_clear_error():

@@ -27,12 +27,8 @@ ARCHS = [
 ]
 
 
-@pytest.mark.parametrize(
-    "decoder_cls", [LlamaFamilyDecoder, HFCacheDecoder], ids=["fast", "generic"]
-)
-@pytest.mark.parametrize(
-    "arch,overrides", ARCHS, ids=["llama", "llama-bias-tied-mha", "qwen2", "qwen3"]
-)
+@pytest.mark.parametrize("decoder_cls", [LlamaFamilyDecoder, HFCacheDecoder], ids=["fast", "generic"])
+@pytest.mark.parametrize("arch,overrides", ARCHS, ids=["llama", "llama-bias-tied-mha", "qwen2", "qwen3"])
 def test_prefill_and_decode_logits_equal_hf_forward(arch, overrides, decoder_cls):
     model, tok = tiny_model(arch, seed=1, **overrides)
     model.eval()
@@ -68,12 +64,11 @@ def test_lora_adapters_are_sampled_live():
     """A PEFT-wrapped policy: the fast path calls the LoRA-wrapped projections, so adapter updates
     are sampled without a merge or a copy."""
     import peft  # a dependency of rlvr (LoRA): never skipped
+
     model, tok = tiny_model("llama", seed=2)
     lora = peft.get_peft_model(
         model,
-        peft.LoraConfig(
-            r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]
-        ),
+        peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]),
     )
     with torch.no_grad():
         for name, p in lora.named_parameters():
@@ -88,13 +83,9 @@ def test_lora_adapters_are_sampled_live():
     (c,) = engine.generate([prompt], 1, SamplingParams(temperature=0.0, max_tokens=6))
     with torch.no_grad():
         ids = torch.tensor([prompt + c.token_ids])
-        expected = (
-            lora(input_ids=ids).logits[0, len(prompt) - 1 : -1].argmax(-1).tolist()
-        )
+        expected = lora(input_ids=ids).logits[0, len(prompt) - 1 : -1].argmax(-1).tolist()
         with lora.disable_adapter():
-            without = (
-                lora(input_ids=ids).logits[0, len(prompt) - 1 : -1].argmax(-1).tolist()
-            )
+            without = lora(input_ids=ids).logits[0, len(prompt) - 1 : -1].argmax(-1).tolist()
     assert c.token_ids == expected[: len(c.token_ids)]
     assert expected != without  # the adapter really changes the greedy path
 
@@ -146,18 +137,12 @@ def test_rows_finishing_at_different_steps_are_compacted_correctly(options):
     model, tok = tiny_model("llama", seed=4)
     model.eval()
     eos = list(range(3, 33))  # ~35% of the vocabulary ends a completion
-    engine = NativeEngine(
-        model, tok, eos_token_ids=eos, compact_fraction=0.01, **options
-    )
+    engine = NativeEngine(model, tok, eos_token_ids=eos, compact_fraction=0.01, **options)
     prompts = [tok.encode("37+45="), tok.encode("8*9="), tok.encode("(2+3)*4=")]
-    out = engine.generate(
-        prompts, 6, SamplingParams(temperature=1.0, max_tokens=10, seed=0)
-    )
+    out = engine.generate(prompts, 6, SamplingParams(temperature=1.0, max_tokens=10, seed=0))
     assert engine.last_decoder == ("kernel" if not options else "torch")
     lengths = {len(c.token_ids) for c in out}
-    assert len(lengths) >= 3, (
-        f"rows should finish at different steps, got lengths {lengths}"
-    )
+    assert len(lengths) >= 3, f"rows should finish at different steps, got lengths {lengths}"
     for c in out:
         assert not set(c.token_ids[:-1]) & set(eos)
         assert (c.finish_reason == "stop") == (c.token_ids[-1] in eos)

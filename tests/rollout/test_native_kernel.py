@@ -69,9 +69,7 @@ def test_every_step_logits_equal_hf_forward(arch, overrides):
     # Different lengths (left padding), several rows per prompt that diverge (T = 1.5 sampling).
     prompts = [tok.encode("37+45="), tok.encode("8*9="), tok.encode("(2+3)*4=")]
     n, C = 3, 7
-    run = run_kernel(
-        model, tok, prompts, n, SamplingParams(temperature=1.5, max_tokens=C, seed=3)
-    )
+    run = run_kernel(model, tok, prompts, n, SamplingParams(temperature=1.5, max_tokens=C, seed=3))
     tokens = run.tokens_NC.tolist()
     checked = 0
     for r, row in enumerate(tokens):
@@ -88,9 +86,7 @@ def test_every_step_logits_equal_hf_forward(arch, overrides):
         want64_logp = torch.log_softmax(want64_TV / 1.5, -1).gather(1, picked)[:, 0]
         assert_fp32_close(run.logp_NC[r, :done], want32_logp, want64_logp, f"row {r} log-probs")
         checked += done
-    assert (
-        checked >= len(tokens) * 2
-    )  # the comparison covered real decode steps, not just step 0
+    assert checked >= len(tokens) * 2  # the comparison covered real decode steps, not just step 0
     assert len({tuple(t) for t in tokens}) > 1  # rows of one group diverged
 
 
@@ -115,10 +111,7 @@ def test_output_does_not_depend_on_the_row_split():
     model, tok = tiny_model("llama", seed=4)
     prompts = [tok.encode(t) for t in ("1+1=", "22+33=", "9*9=", "100-1=", "7=")]
     sampling = SamplingParams(temperature=1.0, max_tokens=9, seed=11)
-    runs = [
-        run_kernel(model, tok, prompts, 4, sampling, workers=w, keep_logits=False)
-        for w in (1, 2, 5)
-    ]
+    runs = [run_kernel(model, tok, prompts, 4, sampling, workers=w, keep_logits=False) for w in (1, 2, 5)]
     # The log-probs may differ by float32 rounding only: bounded by the float32 error of the
     # Hugging Face forward on the same sequences (tests/numerics.py), measured here.
     ref32, ref64 = [], []
@@ -127,7 +120,7 @@ def test_output_does_not_depend_on_the_row_split():
         done = row.index(-1) if -1 in row else len(row)
         seq, picked = prompt + row[:done], torch.tensor(row[:done])[:, None]
         for dtype, out in ((torch.float32, ref32), (torch.float64, ref64)):
-            logits_TV = sequence_logits(model, seq, dtype)[len(prompt) - 1: len(seq) - 1]
+            logits_TV = sequence_logits(model, seq, dtype)[len(prompt) - 1 : len(seq) - 1]
             out.append(torch.log_softmax(logits_TV, -1).gather(1, picked)[:, 0])
     valid_NC = runs[0].tokens_NC != -1
     for other in runs[1:]:
@@ -148,9 +141,7 @@ def test_engine_uses_every_torch_thread_by_default(monkeypatch):
     decoder's per-op threading, not for the kernel's slices)."""
     model, tok = tiny_model("llama")
     seen = []
-    monkeypatch.setattr(
-        cpu_kernel, "generate", lambda run, workers, stop=None: seen.append(workers)
-    )
+    monkeypatch.setattr(cpu_kernel, "generate", lambda run, workers, stop=None: seen.append(workers))
     previous = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
@@ -173,27 +164,21 @@ def test_finished_rows_stop_and_keep_their_tokens():
     """A row that samples EOS stops (its later slots stay -1) while the others go on."""
     model, tok = tiny_model("llama", seed=0)
     prompts = [tok.encode("37+45="), tok.encode("8*9=")]
-    run = run_kernel(
-        model, tok, prompts, 8, SamplingParams(temperature=3.0, max_tokens=30, seed=1)
-    )
+    run = run_kernel(model, tok, prompts, 8, SamplingParams(temperature=3.0, max_tokens=30, seed=1))
     ended = 0
     for row in run.tokens_NC.tolist():
         if tok.eos_token_id in row:
             end = row.index(tok.eos_token_id)
             assert all(t == -1 for t in row[end + 1 :])
             ended += 1
-    assert 0 < ended < 16, (
-        "the seed should give some rows that stop early and some that do not"
-    )
+    assert 0 < ended < 16, "the seed should give some rows that stop early and some that do not"
 
 
 def test_falls_back_where_it_does_not_implement_the_request(caplog):
     model, tok = tiny_model("llama")
     prompts = [tok.encode("1+2=")]
     engine = make_engine("native", model, tok)
-    engine.generate(
-        prompts, 2, SamplingParams(temperature=1.0, max_tokens=3, top_k=5, seed=0)
-    )
+    engine.generate(prompts, 2, SamplingParams(temperature=1.0, max_tokens=3, top_k=5, seed=0))
     assert engine.last_decoder == "torch"
     engine.generate(prompts, 2, SamplingParams(temperature=1.0, max_tokens=3, seed=0))
     assert engine.last_decoder == "kernel"
@@ -210,14 +195,11 @@ def test_falls_back_where_it_does_not_implement_the_request(caplog):
 
 def test_lora_model_is_not_run_by_the_kernel():
     import peft  # a dependency of rlvr (LoRA): never skipped
+
     model, tok = tiny_model("llama")
-    lora = peft.get_peft_model(
-        model, peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"])
-    )
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
     engine = make_engine("native", lora, tok)
-    engine.generate(
-        [tok.encode("1+2=")], 2, SamplingParams(temperature=1.0, max_tokens=3, seed=0)
-    )
+    engine.generate([tok.encode("1+2=")], 2, SamplingParams(temperature=1.0, max_tokens=3, seed=0))
     assert engine.last_decoder == "torch"
     assert "wrapped" in cpu_kernel.unsupported(lora.get_base_model())
 
@@ -237,10 +219,7 @@ def test_concurrent_callers_and_a_forked_child_get_the_same_completions():
     model, tok = tiny_model("llama", seed=5)
     prompts = [tok.encode(t) for t in ("1+1=", "22+33=", "9*9=")]
     sampling = SamplingParams(temperature=1.0, max_tokens=8, seed=2)
-    want = [
-        c.token_ids
-        for c in make_engine("native", model, tok).generate(prompts, 4, sampling)
-    ]
+    want = [c.token_ids for c in make_engine("native", model, tok).generate(prompts, 4, sampling)]
 
     got: dict[int, list] = {}
 
@@ -266,9 +245,15 @@ def test_concurrent_callers_and_a_forked_child_get_the_same_completions():
         timeout=300,
         cwd=os.path.dirname(__file__),
         # This checkout's rlvr, whichever one the interpreter has installed.
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(
-            [os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-             os.environ.get("PYTHONPATH", "")])},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [
+                    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                    os.environ.get("PYTHONPATH", ""),
+                ]
+            ),
+        },
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -312,8 +297,10 @@ def test_auto_mode_runs_the_kernel_only_with_blas_and_says_which_decoder_runs(mo
     assert "not the C kernel: top-k" in engine.describe(SamplingParams(top_k=5))
     # Without BLAS the kernel's matmuls are a scalar loop: auto mode keeps the PyTorch decoder and says why.
     monkeypatch.setattr(cpu_kernel, "sgemm_pointers", lambda: (None, None, "no sgemm_ exported by libtorch_cpu"))
-    assert engine.describe(sampling) == ("native engine: PyTorch fast decoder, not the C kernel: no usable BLAS "
-                                         "sgemm_ (no sgemm_ exported by libtorch_cpu)")
+    assert engine.describe(sampling) == (
+        "native engine: PyTorch fast decoder, not the C kernel: no usable BLAS "
+        "sgemm_ (no sgemm_ exported by libtorch_cpu)"
+    )
     engine.generate(prompts, 2, sampling)
     assert engine.last_decoder == "torch"
     forced = make_engine("native", model, tok, cpu_kernel=True)  # asked for explicitly: it runs, and says it is slow

@@ -18,9 +18,7 @@ def test_stale_sampler_lag_and_reload(tmp_path):
     server_model, tok = tiny_model("llama", seed=7)
     server = CompletionsServer(server_model.eval(), tok)
     try:
-        policy = copy.deepcopy(
-            server_model
-        )  # the trainer's live policy starts equal to the served one
+        policy = copy.deepcopy(server_model)  # the trainer's live policy starts equal to the served one
         engine = make_engine(
             "openai",
             policy,
@@ -45,21 +43,13 @@ def test_stale_sampler_lag_and_reload(tmp_path):
         assert engine.policy_lag == 1 and all(c.extra["policy_lag"] == 1 for c in out)
         assert server.reloads == []
         # Stale: the server still samples the old weights, so its tokens differ from the live policy's.
-        assert [c.token_ids for c in out] != [
-            c.token_ids for c in live.generate(prompts, 1, greedy)
-        ]
+        assert [c.token_ids for c in out] != [c.token_ids for c in live.generate(prompts, 1, greedy)]
 
-        engine.load_weights(
-            policy.named_parameters()
-        )  # second step: reload_every=2 triggers a reload
+        engine.load_weights(policy.named_parameters())  # second step: reload_every=2 triggers a reload
         assert engine.policy_lag == 0 and len(server.reloads) == 1
-        assert server.reloads[0].endswith("policy-v2") and sorted(
-            p.name for p in tmp_path.iterdir()
-        ) == ["policy-v2"]
+        assert server.reloads[0].endswith("policy-v2") and sorted(p.name for p in tmp_path.iterdir()) == ["policy-v2"]
         out = engine.generate(prompts, 1, greedy)
-        assert [c.token_ids for c in out] == [
-            c.token_ids for c in live.generate(prompts, 1, greedy)
-        ]
+        assert [c.token_ids for c in out] == [c.token_ids for c in live.generate(prompts, 1, greedy)]
         assert all(c.extra["policy_lag"] == 0 for c in out)
     finally:
         server.close()
@@ -85,9 +75,7 @@ def test_request_carries_ids_and_sampling(completions_server, llama_and_tok):
 def test_reload_needs_a_mechanism(llama_and_tok, completions_server):
     model, tok = llama_and_tok
     with pytest.raises(ValueError, match="reload_url"):
-        make_engine(
-            "openai", model, tok, base_url=completions_server.base_url, reload_every=3
-        )
+        make_engine("openai", model, tok, base_url=completions_server.base_url, reload_every=3)
 
 
 def test_unreachable_server_is_a_clear_error(llama_and_tok):
@@ -107,8 +95,10 @@ def test_llama_cpp_python_dialect_request_shape_and_id_recovery():
 
         def request(self, path, payload=None, timeout=None):
             self.payloads.append(payload)
-            return {"usage": {"prompt_tokens": 4}, "choices": [
-                {"text": "12", "logprobs": {"tokens": ["1", "2"], "token_logprobs": [-0.5, -0.25]}}]}
+            return {
+                "usage": {"prompt_tokens": 4},
+                "choices": [{"text": "12", "logprobs": {"tokens": ["1", "2"], "token_logprobs": [-0.5, -0.25]}}],
+            }
 
     _, tok = tiny_model("llama")
     client = StubClient()

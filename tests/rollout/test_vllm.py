@@ -29,8 +29,7 @@ OPTIONS = {"dtype": "float32", "gpu_memory_utilization": 0.2, "max_model_len": 1
 @pytest.fixture(scope="module")
 def saved_policy(tmp_path_factory):
     # head_dim 32: a shape every vLLM attention backend takes.
-    model, tok = tiny_model("llama", seed=0, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
-                            head_dim=32)
+    model, tok = tiny_model("llama", seed=0, hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
     path = tmp_path_factory.mktemp("policy")
     model.save_pretrained(path)
     tok.save_pretrained(path)
@@ -46,8 +45,9 @@ def test_colocate_sleep_mode_matches_trainer_and_takes_weights(saved_policy):
     model, tok = saved_policy
     engine = make_engine("vllm", model, tok, enable_sleep_mode=True, **OPTIONS)
     prompts = [tok.encode("37+45="), tok.encode("8*9=")]
-    assert greedy_ids(engine, prompts, 2) == [i for i in greedy_ids(make_engine("hf", model, tok), prompts)
-                                              for _ in range(2)]
+    assert greedy_ids(engine, prompts, 2) == [
+        i for i in greedy_ids(make_engine("hf", model, tok), prompts) for _ in range(2)
+    ]
     T = 0.8
     out = engine.generate(prompts, 4, SamplingParams(temperature=T, max_tokens=8, seed=0))
     assert len(out) == 8 and [c.prompt_index for c in out] == [0] * 4 + [1] * 4
@@ -76,11 +76,30 @@ def test_server_nccl_push(saved_policy, tmp_path):
     port = free_port()
     log = open(tmp_path / "serve.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model.name_or_path,
-         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-         "--max-model-len", "128", "--gpu-memory-utilization", "0.2", "--logprobs-mode", "processed_logprobs",
-         "--weight-transfer-config", '{"backend": "nccl"}'],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model.name_or_path,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--max-model-len",
+            "128",
+            "--gpu-memory-utilization",
+            "0.2",
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--weight-transfer-config",
+            '{"backend": "nccl"}',
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
         env={**os.environ, "CUDA_VISIBLE_DEVICES": "1", "VLLM_SERVER_DEV_MODE": "1"},
     )
     try:

@@ -133,8 +133,10 @@ def test_user_options_override_defaults_and_engine_owned_ones_are_refused(fake, 
 
 
 def test_no_fixed_port_and_no_environment_left_behind(fake, saved):
-    before = {k: os.environ.get(k) for k in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE",
-                                             "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    before = {
+        k: os.environ.get(k)
+        for k in ("MASTER_PORT", "MASTER_ADDR", "RANK", "WORLD_SIZE", "VLLM_ENABLE_V1_MULTIPROCESSING")
+    }
     engine = colocate(saved)
     assert {k: os.environ.get(k) for k in before} == before
     engine.close()
@@ -218,8 +220,9 @@ class FakeHTTP:
     def install(self, monkeypatch):
         from rlvr.rollout.openai import CompletionsClient
 
-        monkeypatch.setattr(CompletionsClient, "request",
-                            lambda client, path, payload=None, timeout=None: self(path, payload))
+        monkeypatch.setattr(
+            CompletionsClient, "request", lambda client, path, payload=None, timeout=None: self(path, payload)
+        )
         return self
 
     def __call__(self, path, payload=None):
@@ -227,19 +230,29 @@ class FakeHTTP:
             return {"data": [{"id": "policy"}]}
         self.posts.append((path, payload))
         if path == "/v1/completions":
-            return {"choices": [{"index": 0, "text": "a", "token_ids": [5], "finish_reason": "length",
-                                 "logprobs": {"token_logprobs": [self.probe_logprob]}}]}
+            return {
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": "a",
+                        "token_ids": [5],
+                        "finish_reason": "length",
+                        "logprobs": {"token_logprobs": [self.probe_logprob]},
+                    }
+                ]
+            }
         return {}
 
 
-@pytest.mark.parametrize("probe, ok", [(0.0, True), (-2.3, False), (7.5, False)],
-                         ids=["processed_logprobs", "raw_logprobs", "logits"])
+@pytest.mark.parametrize(
+    "probe, ok", [(0.0, True), (-2.3, False), (7.5, False)], ids=["processed_logprobs", "raw_logprobs", "logits"]
+)
 def test_server_logprobs_mode_is_checked(monkeypatch, llama_and_tok, probe, ok):
     model, tok = llama_and_tok
     http = FakeHTTP(probe).install(monkeypatch)
     if ok:
         make_engine("vllm-server", model, tok, push="none").close()
-        (path, payload), = http.posts
+        ((path, payload),) = http.posts
         assert payload["top_k"] == 1 and payload["temperature"] != 1.0 and payload["max_tokens"] == 1
     else:
         with pytest.raises(ValueError, match="--logprobs-mode processed_logprobs"):

@@ -12,11 +12,21 @@ from rlvr.models.toy import char_tokenizer, save_toy, toy_model
 
 
 def build_tiny_model(path: Path, hidden: int = 32, layers: int = 2, seed: int = 0) -> Path:
-    tok = char_tokenizer(string.digits + "+-*=() .", specials=("<pad>", "<s>", "</s>", "<unk>"), eos_token="</s>",
-                         bos_token="<s>")
-    model = toy_model("llama", len(tok), seed=seed, hidden_size=hidden, intermediate_size=2 * hidden,
-                      num_hidden_layers=layers, max_position_embeddings=64, bos_token_id=1, eos_token_id=2,
-                      tie_word_embeddings=True)
+    tok = char_tokenizer(
+        string.digits + "+-*=() .", specials=("<pad>", "<s>", "</s>", "<unk>"), eos_token="</s>", bos_token="<s>"
+    )
+    model = toy_model(
+        "llama",
+        len(tok),
+        seed=seed,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=True,
+    )
     return save_toy(path, model, tok)
 
 

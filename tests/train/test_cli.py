@@ -34,7 +34,7 @@ def test_bad_config_exits_2_with_the_problem_named():
 def test_eval_greedy_and_pass_at_k_on_the_shipped_model():
     res = runner.invoke(app, ["eval", "tiny", "--n-prompts", "24", "--samples", "4", "--json"])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output[res.output.index("{"):])
+    out = json.loads(res.output[res.output.index("{") :])
     g, s = out["greedy"], out["sampled"]
     assert g["num_prompts"] == 24 and 0.0 <= g["accuracy"] <= 1.0
     assert s["samples_per_prompt"] == 4 and s["pass@1"] <= s["pass@2"] <= s["pass@4"]

@@ -21,7 +21,7 @@ def test_defaults_follow_trl_names_and_values():
 
 
 def test_round_trip(tmp_path):
-    cfg = load_config(None, ["algo.loss_type=gspo", "algo.beta=0.04", "rollout.stop=[\"\\n\"]", "train.seed=3"])
+    cfg = load_config(None, ["algo.loss_type=gspo", "algo.beta=0.04", 'rollout.stop=["\\n"]', "train.seed=3"])
     path = tmp_path / "c.yaml"
     path.write_text(dump_config(cfg))
     again = load_config(path)
@@ -95,8 +95,9 @@ def test_shipped_configs_validate(name):
 def test_docs_config_md_is_current():
     from rlvr.config import config_markdown
 
-    assert (REPO / "docs" / "config.md").read_text() == config_markdown(), \
+    assert (REPO / "docs" / "config.md").read_text() == config_markdown(), (
         "docs/config.md is stale: run `python -m rlvr.config > docs/config.md`"
+    )
 
 
 def test_cispo_needs_a_cap_above_one():
@@ -110,14 +111,19 @@ def test_algorithm_choices_come_from_the_registries(monkeypatch):
     exactly what the registries hold."""
     from rlvr import core
 
-    for key, registry, leaf in (("advantage_estimator", core.ADVANTAGE_ESTIMATORS, lambda r, g, s: r),
-                                ("kl_estimator", core.KL_ESTIMATORS, lambda logp, ref: logp - ref)):
+    for key, registry, leaf in (
+        ("advantage_estimator", core.ADVANTAGE_ESTIMATORS, lambda r, g, s: r),
+        ("kl_estimator", core.KL_ESTIMATORS, lambda logp, ref: logp - ref),
+    ):
         with pytest.raises(ConfigError, match=f"unknown {key} 'mine'; valid choices: {', '.join(registry.names())}"):
             load_config(None, [f"algo.{key}=mine"])
         monkeypatch.setitem(registry._items, "mine", leaf)
         assert getattr(load_config(None, [f"algo.{key}=mine"]).algo, key) == "mine"
-    for key, bad in (("scale_rewards", "median"), ("importance_sampling_level", "group"),
-                     ("sampler_importance_sampling_mode", "clip")):
+    for key, bad in (
+        ("scale_rewards", "median"),
+        ("importance_sampling_level", "group"),
+        ("sampler_importance_sampling_mode", "clip"),
+    ):
         with pytest.raises(ConfigError, match=f"unknown {key} '{bad}'"):
             load_config(None, [f"algo.{key}={bad}"])
 

@@ -18,8 +18,13 @@ from test_smoke import read_jsonl, smoke_overrides
 def part(rewards_BG: list[list[float]], ids: list[str]) -> Rollouts:
     g = len(rewards_BG[0])
     comps = [Completion(b, [5] * (1 + j), "x", "stop") for b in range(len(rewards_BG)) for j in range(g)]
-    return Rollouts(g, [{"prompt": "p", "prompt_id": i} for i in ids], [[1]] * len(ids), comps,
-                    torch.tensor([[r] for grp in rewards_BG for r in grp], dtype=torch.float64))
+    return Rollouts(
+        g,
+        [{"prompt": "p", "prompt_id": i} for i in ids],
+        [[1]] * len(ids),
+        comps,
+        torch.tensor([[r] for grp in rewards_BG for r in grp], dtype=torch.float64),
+    )
 
 
 def test_group_outcomes_by_spread_and_sign():
@@ -36,8 +41,12 @@ def test_keep_drops_zero_spread_groups_and_accounts_for_every_group():
     m = f.pop_metrics()
     assert out.num_groups == 1
     assert m["dapo/groups_generated"] == 4
-    assert (m["dapo/groups_kept"], m["dapo/dropped_all_pass"], m["dapo/dropped_all_fail"], m["dapo/dropped_surplus"]) \
-        == (1, 1, 1, 1)
+    assert (
+        m["dapo/groups_kept"],
+        m["dapo/dropped_all_pass"],
+        m["dapo/dropped_all_fail"],
+        m["dapo/dropped_surplus"],
+    ) == (1, 1, 1, 1)
     assert m["dapo/dropped_tokens"] == 2 * (1 + 2 + 3)
 
 
@@ -94,23 +103,41 @@ def test_no_update_batch_holds_a_zero_spread_group(monkeypatch, tiny_model_dir, 
 
     monkeypatch.setattr(train_mod, "advantage", spy)
     out = tmp_path / "r"
-    train_mod.train(load_config(None, _overrides(tiny_model_dir, sum_dataset, out, "spread_only_for_big_a",
-                                                 "train.max_steps=3", "dapo.max_generation_rounds=6",
-                                                 "dapo.oversample_factor=2")))
+    train_mod.train(
+        load_config(
+            None,
+            _overrides(
+                tiny_model_dir,
+                sum_dataset,
+                out,
+                "spread_only_for_big_a",
+                "train.max_steps=3",
+                "dapo.max_generation_rounds=6",
+                "dapo.oversample_factor=2",
+            ),
+        )
+    )
     assert len(seen) == 3
     for rewards_BG in seen:
         assert (rewards_BG.max(dim=1).values - rewards_BG.min(dim=1).values > 0).all()
     for m, rewards_BG in zip(read_jsonl(out / "metrics.jsonl"), seen):
-        assert m["dapo/groups_generated"] == m["dapo/groups_kept"] + m.get("dapo/dropped_all_pass", 0) + \
-            m.get("dapo/dropped_all_fail", 0) + m.get("dapo/dropped_surplus", 0)
+        assert m["dapo/groups_generated"] == m["dapo/groups_kept"] + m.get("dapo/dropped_all_pass", 0) + m.get(
+            "dapo/dropped_all_fail", 0
+        ) + m.get("dapo/dropped_surplus", 0)
         assert m["dapo/effective_batch"] == m["dapo/groups_kept"] == rewards_BG.shape[0] <= 4  # 16 / G=4
         assert m["dapo/dropped_all_pass"] > 0  # the a < 5 prompts were sampled and dropped
 
 
 def test_refill_stops_at_the_bound(tiny_model_dir, sum_dataset, tmp_path):
     out = tmp_path / "r"
-    result = train_mod.train(load_config(None, _overrides(tiny_model_dir, sum_dataset, out, "constant",
-                                                          "train.max_steps=2", "dapo.max_generation_rounds=3")))
+    result = train_mod.train(
+        load_config(
+            None,
+            _overrides(
+                tiny_model_dir, sum_dataset, out, "constant", "train.max_steps=2", "dapo.max_generation_rounds=3"
+            ),
+        )
+    )
     assert result["step"] == 2  # no endless resampling
     for m in read_jsonl(out / "metrics.jsonl"):
         assert m["dapo/rounds"] == 3 and m["dapo/fallback_steps"] == 1

@@ -48,7 +48,9 @@ def seed_per_prompt() -> None:
     generate = HFEngine.generate
 
     def per_prompt(self, prompt_ids, n, sampling):
-        return [c for p in prompt_ids for c in generate(self, [p], n, replace(sampling, seed=zlib.crc32(str(p).encode())))]
+        return [
+            c for p in prompt_ids for c in generate(self, [p], n, replace(sampling, seed=zlib.crc32(str(p).encode())))
+        ]
 
     HFEngine.generate = per_prompt
 
@@ -60,8 +62,16 @@ def torchrun(args: list[str], nproc: int = 2, seeded_per_prompt: bool = False, c
     if not cuda:
         env["CUDA_VISIBLE_DEVICES"] = ""
     entry = [__file__] if seeded_per_prompt else ["-m", "rlvr.cli"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           *entry, "train", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        *entry,
+        "train",
+        *args,
+    ]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -94,8 +104,15 @@ def weights(out: Path) -> dict[str, torch.Tensor]:
 
 
 def ddp_args(model_dir: Path, data: Path, out: Path, *extra: str) -> list[str]:
-    return smoke_overrides(model_dir, data, out, "train.per_device_train_batch_size=8", "log.save_steps=1",
-                           "log.save_total_limit=3", *extra)
+    return smoke_overrides(
+        model_dir,
+        data,
+        out,
+        "train.per_device_train_batch_size=8",
+        "log.save_steps=1",
+        "log.save_total_limit=3",
+        *extra,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +120,13 @@ def two_rank_run(tiny_model_dir, tmp_path_factory) -> tuple[Path, Path]:
     """4 optimizer steps on 2 ranks, a checkpoint after each: the reference for the resume test too."""
     tmp = tmp_path_factory.mktemp("ddp")
     data = tmp / "sums.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b), "data_source": "sums"}) + "\n"
-                            for a in range(10) for b in range(3)))
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b), "data_source": "sums"}) + "\n"
+            for a in range(10)
+            for b in range(3)
+        )
+    )
     finish(torchrun(ddp_args(tiny_model_dir, data, tmp / "run", "train.max_steps=4")))
     return data, tmp / "run"
 
@@ -148,17 +170,34 @@ def test_one_step_of_two_ranks_equals_one_process_with_both_batches(tiny_model_d
     AdamW's first step is sign(g) for small eps, blind to the gradient's scale; adam_epsilon=1 makes
     the update -lr * g / (|g| + 1), i.e. nearly proportional to g, so a scale error shows up.
     """
-    common = ["train.max_steps=1", "algo.loss_type=dapo", "algo.scale_rewards=batch",
-              "algo.mask_truncated_completions=false", "rewards=[{name: 'test_distributed:digit_reward'}]",
-              "train.gradient_accumulation_steps=2", "train.adam_epsilon=1.0", "train.learning_rate=1.0",
-              "train.weight_decay=0.0", "train.max_grad_norm=1e9", "data.shuffle=false", "log.save_steps=100"]
+    common = [
+        "train.max_steps=1",
+        "algo.loss_type=dapo",
+        "algo.scale_rewards=batch",
+        "algo.mask_truncated_completions=false",
+        "rewards=[{name: 'test_distributed:digit_reward'}]",
+        "train.gradient_accumulation_steps=2",
+        "train.adam_epsilon=1.0",
+        "train.learning_rate=1.0",
+        "train.weight_decay=0.0",
+        "train.max_grad_norm=1e9",
+        "data.shuffle=false",
+        "log.save_steps=100",
+    ]
     two, one = tmp_path / "two", tmp_path / "one"
     # Per rank: 2 micro-batches of 8 = 16 completions = 4 prompts; one process: 2 of 16 = 8 prompts.
     # Both at once, each through torchrun (1 process = WORLD_SIZE 1: the plain one-process loop).
-    procs = [torchrun(smoke_overrides(tiny_model_dir, sum_dataset, two, *common, "train.per_device_train_batch_size=8"),
-                      seeded_per_prompt=True),
-             torchrun(smoke_overrides(tiny_model_dir, sum_dataset, one, *common,
-                                      "train.per_device_train_batch_size=16"), nproc=1, seeded_per_prompt=True)]
+    procs = [
+        torchrun(
+            smoke_overrides(tiny_model_dir, sum_dataset, two, *common, "train.per_device_train_batch_size=8"),
+            seeded_per_prompt=True,
+        ),
+        torchrun(
+            smoke_overrides(tiny_model_dir, sum_dataset, one, *common, "train.per_device_train_batch_size=16"),
+            nproc=1,
+            seeded_per_prompt=True,
+        ),
+    ]
     for proc in procs:
         finish(proc)
 

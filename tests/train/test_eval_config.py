@@ -15,8 +15,17 @@ runner = CliRunner()
 
 
 def test_config_and_overrides_shape_the_rows_and_rewards():
-    setup = resolve_eval("tiny", None, None, None, 5, None, "native", "default",
-                         ["data.prompt_template='Q: {a} {op} {b}'", "rewards=[{name: math}]"])
+    setup = resolve_eval(
+        "tiny",
+        None,
+        None,
+        None,
+        5,
+        None,
+        "native",
+        "default",
+        ["data.prompt_template='Q: {a} {op} {b}'", "rewards=[{name: math}]"],
+    )
     assert len(setup.rows) == 5 and all(r["prompt"].startswith("Q: ") for r in setup.rows)
     assert [rf.name for rf in setup.reward_fns] == ["math"]
     plain = resolve_eval("tiny", None, None, None, 5, None, "native")
@@ -24,11 +33,24 @@ def test_config_and_overrides_shape_the_rows_and_rewards():
 
 
 def test_cli_options_reach_the_task():
-    res = runner.invoke(app, ["eval", "tiny", "--config", "default", "--set", "data.task_options={digits: 1}",
-                              "--n-prompts", "10", "--json"])
+    res = runner.invoke(
+        app,
+        [
+            "eval",
+            "tiny",
+            "--config",
+            "default",
+            "--set",
+            "data.task_options={digits: 1}",
+            "--n-prompts",
+            "10",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output[res.output.index("{"):])["greedy"]["num_prompts"] == 10
+    assert json.loads(res.output[res.output.index("{") :])["greedy"]["num_prompts"] == 10
     # One-digit addition has only 10 held-out problems: asking for more is the task's own error.
-    res = runner.invoke(app, ["eval", "tiny", "--config", "default", "--set", "data.task_options={digits: 1}",
-                              "--n-prompts", "11"])
+    res = runner.invoke(
+        app, ["eval", "tiny", "--config", "default", "--set", "data.task_options={digits: 1}", "--n-prompts", "11"]
+    )
     assert res.exit_code == 1 and "has only 10 held-out problems" in res.output  # one error line, exit 1

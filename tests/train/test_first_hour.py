@@ -39,13 +39,16 @@ def no_network(monkeypatch):
     monkeypatch.setattr(huggingface_hub.HfApi, "model_info", forbidden)
 
 
-@pytest.mark.parametrize("ref,message", [
-    ("./my-modle", "no model at './my-modle': no such file or folder. Did you mean 'my-model'?"),
-    ("nonexistent_dir/", "no model at 'nonexistent_dir/': no such file or folder"),
-    ("notamodel", "no model at 'notamodel': the folder has no config.json"),
-    ("mul.jsonl", "no model at 'mul.jsonl': it is a file, not a model (it looks like data"),
-    ("missing.gguf", "no model at 'missing.gguf': no such file or folder"),
-])
+@pytest.mark.parametrize(
+    "ref,message",
+    [
+        ("./my-modle", "no model at './my-modle': no such file or folder. Did you mean 'my-model'?"),
+        ("nonexistent_dir/", "no model at 'nonexistent_dir/': no such file or folder"),
+        ("notamodel", "no model at 'notamodel': the folder has no config.json"),
+        ("mul.jsonl", "no model at 'mul.jsonl': it is a file, not a model (it looks like data"),
+        ("missing.gguf", "no model at 'missing.gguf': no such file or folder"),
+    ],
+)
 def test_eval_of_something_that_is_no_model_is_one_line(no_network, tmp_path, monkeypatch, ref, message):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "my-model").mkdir()
@@ -139,8 +142,9 @@ def test_correctness_is_the_checkers_verdict_and_is_said():
     assert correctness_rule(fns).startswith("correct = reward of 'format' >= 1")
 
 
-def test_a_full_disk_is_one_line_and_leaves_the_last_checkpoint_whole(tiny_model_dir, sum_dataset, tmp_path,
-                                                                      monkeypatch):
+def test_a_full_disk_is_one_line_and_leaves_the_last_checkpoint_whole(
+    tiny_model_dir, sum_dataset, tmp_path, monkeypatch
+):
     import torch
 
     real = torch.save  # the checkpoint's scheduler and RNG files go through it
@@ -161,8 +165,9 @@ def test_a_full_disk_is_one_line_and_leaves_the_last_checkpoint_whole(tiny_model
     state = json.loads((out / "checkpoints" / "step-000001" / "state.json").read_text())
     assert state["step"] == 1
     monkeypatch.setattr(torch, "save", real)  # space freed: the run resumes from the whole checkpoint
-    res = runner.invoke(app, ["train", *smoke_overrides(tiny_model_dir, sum_dataset, out, "log.save_steps=1",
-                                                        "resume=true")])
+    res = runner.invoke(
+        app, ["train", *smoke_overrides(tiny_model_dir, sum_dataset, out, "log.save_steps=1", "resume=true")]
+    )
     assert res.exit_code == 0, res.output
     assert [m["step"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3]
 
@@ -170,8 +175,18 @@ def test_a_full_disk_is_one_line_and_leaves_the_last_checkpoint_whole(tiny_model
 def test_piped_console_lines_do_not_wrap(capsys):
     from rlvr.console import Console
 
-    Console().samples(7, [], {"reward": 0.5, "completions/mean_length": 123.456, "groups/all_fail": 0.1,
-                              "groups/mixed": 0.8, "groups/all_pass": 0.1, "loss": 0.1234567})
+    Console().samples(
+        7,
+        [],
+        {
+            "reward": 0.5,
+            "completions/mean_length": 123.456,
+            "groups/all_fail": 0.1,
+            "groups/mixed": 0.8,
+            "groups/all_pass": 0.1,
+            "loss": 0.1234567,
+        },
+    )
     Console().info("x" * 150)
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and out[0].startswith("step 7: reward 0.500") and len(out[1]) > 150

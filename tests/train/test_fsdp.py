@@ -38,15 +38,28 @@ from test_distributed import descendants, finish
 from test_smoke import read_jsonl, smoke_overrides
 
 HERE = Path(__file__).parent
-REORDER_BOUND = 2.0 ** -9  # see the module docstring
+REORDER_BOUND = 2.0**-9  # see the module docstring
 
 
 def launch(args: list[str], nproc: int = 2, rdzv: list[str] | None = None) -> subprocess.Popen:
     # One thread per rank, CUDA hidden (gloo on any machine), gloo's sockets on loopback only.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "GLOO_SOCKET_IFNAME": "lo",
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.getcwd()])}
-    cmd = [sys.executable, "-m", "torch.distributed.run", *(rdzv or ["--standalone"]), f"--nproc_per_node={nproc}",
-           str(HERE / "test_distributed.py"), "train", *args]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.getcwd()]),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *(rdzv or ["--standalone"]),
+        f"--nproc_per_node={nproc}",
+        str(HERE / "test_distributed.py"),
+        "train",
+        *args,
+    ]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -57,10 +70,22 @@ def run(args: list[str], nproc: int = 2) -> None:
 def common(model_dir: Path, data: Path, out: Path, *extra: str) -> list[str]:
     # adam_epsilon=1 makes AdamW's update ~ -lr * g (not sign(g)), so a gradient off by a factor shows;
     # a constant schedule so a run resumed with another max_steps has the same learning rates.
-    return smoke_overrides(model_dir, data, out, "rewards=[{name: 'test_distributed:digit_reward'}]",
-                           "algo.loss_type=dapo", "algo.scale_rewards=batch", "algo.mask_truncated_completions=false",
-                           "data.shuffle=false", "train.lr_scheduler_type=constant", "train.adam_epsilon=1.0",
-                           "train.learning_rate=0.1", "train.weight_decay=0.0", "train.max_grad_norm=1e9", *extra)
+    return smoke_overrides(
+        model_dir,
+        data,
+        out,
+        "rewards=[{name: 'test_distributed:digit_reward'}]",
+        "algo.loss_type=dapo",
+        "algo.scale_rewards=batch",
+        "algo.mask_truncated_completions=false",
+        "data.shuffle=false",
+        "train.lr_scheduler_type=constant",
+        "train.adam_epsilon=1.0",
+        "train.learning_rate=0.1",
+        "train.weight_decay=0.0",
+        "train.max_grad_norm=1e9",
+        *extra,
+    )
 
 
 def final(out: Path) -> dict[str, torch.Tensor]:
@@ -89,22 +114,42 @@ def assert_close(got: dict, ref: dict, init: dict, what: str) -> None:
 # each reused twice (num_iterations=2: an old-logprob pass and ratios != 1). Per rank 4 x 8 completions
 # = 8 prompts; the single process takes the same 16 prompts as 4 x 16 completions, and each of its
 # optimizer steps sees exactly the prompts the two ranks' step sees (rank r holds rows r, r+2, ...).
-EQUIV = ["train.max_steps=4", "train.gradient_accumulation_steps=2", "train.steps_per_generation=4",
-         "algo.num_iterations=2", "log.save_steps=100"]
+EQUIV = [
+    "train.max_steps=4",
+    "train.gradient_accumulation_steps=2",
+    "train.steps_per_generation=4",
+    "algo.num_iterations=2",
+    "log.save_steps=100",
+]
 
 
-@pytest.mark.parametrize("variant", [
-    pytest.param(["algo.beta=0.1"], id="full-beta"),  # the reference model sharded too
-    pytest.param(["model.lora.enabled=true", "model.lora.r=4", "algo.beta=0.1", "train.learning_rate=0.5"],
-                 id="lora-beta"),  # reference = the adapter switched off, under FSDP
-])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        pytest.param(["algo.beta=0.1"], id="full-beta"),  # the reference model sharded too
+        pytest.param(
+            ["model.lora.enabled=true", "model.lora.r=4", "algo.beta=0.1", "train.learning_rate=0.5"], id="lora-beta"
+        ),  # reference = the adapter switched off, under FSDP
+    ],
+)
 @pytest.mark.slow
 def test_fsdp_on_two_ranks_equals_one_process_and_ddp(tiny_model_dir, sum_dataset, tmp_path, variant):
     outs = {k: tmp_path / k for k in ("fsdp", "ddp", "one")}
-    run(common(tiny_model_dir, sum_dataset, outs["fsdp"], *EQUIV, *variant, "train.parallelism=fsdp",
-               "train.per_device_train_batch_size=8"))
-    run(common(tiny_model_dir, sum_dataset, outs["one"], *EQUIV, *variant, "train.per_device_train_batch_size=16"),
-        nproc=1)
+    run(
+        common(
+            tiny_model_dir,
+            sum_dataset,
+            outs["fsdp"],
+            *EQUIV,
+            *variant,
+            "train.parallelism=fsdp",
+            "train.per_device_train_batch_size=8",
+        )
+    )
+    run(
+        common(tiny_model_dir, sum_dataset, outs["one"], *EQUIV, *variant, "train.per_device_train_batch_size=16"),
+        nproc=1,
+    )
     assert rollouts(outs["fsdp"]) == rollouts(outs["one"])  # the same prompts, completions and rewards
     lora = "model.lora.enabled=true" in variant
     init = {} if lora else load_file(str(tiny_model_dir / "model.safetensors"))
@@ -130,9 +175,21 @@ def test_fsdp_bf16_offload_checkpointing_native(tiny_model_dir, sum_dataset, tmp
     from torch.distributed.checkpoint import FileSystemReader
 
     out = tmp_path / "bf16"
-    run(common(tiny_model_dir, sum_dataset, out, "train.max_steps=2", "train.parallelism=fsdp",
-               "train.fsdp_cpu_offload=true", "model.dtype=bfloat16", "model.gradient_checkpointing=true",
-               "rollout.backend=native", "train.per_device_train_batch_size=8", "log.save_steps=1"))
+    run(
+        common(
+            tiny_model_dir,
+            sum_dataset,
+            out,
+            "train.max_steps=2",
+            "train.parallelism=fsdp",
+            "train.fsdp_cpu_offload=true",
+            "model.dtype=bfloat16",
+            "model.gradient_checkpointing=true",
+            "rollout.backend=native",
+            "train.per_device_train_batch_size=8",
+            "log.save_steps=1",
+        )
+    )
     weights = final(out)
     assert {v.dtype for v in weights.values()} == {torch.bfloat16}  # final/ in the configured dtype
     from transformers import AutoModelForCausalLM
@@ -148,7 +205,7 @@ def test_fsdp_bf16_offload_checkpointing_native(tiny_model_dir, sum_dataset, tmp
     # to bf16 rounding (2^-8 relative, on logits of order 1 here; measured ~4e-4). That the copy holds
     # exactly the gathered weights is the unit test below.
     m = read_jsonl(out / "metrics.jsonl")[-1]
-    assert m["step"] == 2 and m["mismatch/abs_logp_diff_mean"] < 2.0 ** -8
+    assert m["step"] == 2 and m["mismatch/abs_logp_diff_mean"] < 2.0**-8
 
 
 # ------------------------------------------------------------------ reshardable checkpoints
@@ -164,8 +221,9 @@ def per_rank(world: int) -> str:
 def fsdp_reference(tiny_model_dir, tmp_path_factory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("fsdp")
     data = tmp / "sums.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
-                            for a in range(10) for b in range(3)))
+    data.write_text(
+        "".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(10) for b in range(3))
+    )
     run(common(tiny_model_dir, data, tmp / "ref", *STEPS, per_rank(2), "train.parallelism=fsdp"))
     return data, tmp / "ref"
 
@@ -213,20 +271,39 @@ def test_killed_fsdp_run_resumes_bitwise_and_reshards(tiny_model_dir, fsdp_refer
     run(common(tiny_model_dir, data, ddp, *STEPS, per_rank(2), f"resume={step2}"))
     assert_close(final(ddp), ref, init, "FSDP -> DDP")
     back = tmp_path / "back"
-    run(common(tiny_model_dir, data, back, *STEPS, per_rank(2), "train.parallelism=fsdp",
-               f"resume={ddp / 'checkpoints' / 'step-000003'}"))
+    run(
+        common(
+            tiny_model_dir,
+            data,
+            back,
+            *STEPS,
+            per_rank(2),
+            "train.parallelism=fsdp",
+            f"resume={ddp / 'checkpoints' / 'step-000003'}",
+        )
+    )
     assert_close(final(back), ref, init, "DDP -> FSDP")
     assert [m["step"] for m in read_jsonl(back / "metrics.jsonl")] == [4]
 
     # 1 process -> 2 FSDP ranks, from the single process's step-3 checkpoint.
     up = tmp_path / "up"
-    run(common(tiny_model_dir, data, up, *STEPS, per_rank(2), "train.parallelism=fsdp",
-               f"resume={one / 'checkpoints' / 'step-000003'}"))
+    run(
+        common(
+            tiny_model_dir,
+            data,
+            up,
+            *STEPS,
+            per_rank(2),
+            "train.parallelism=fsdp",
+            f"resume={one / 'checkpoints' / 'step-000003'}",
+        )
+    )
     assert_close(final(up), ref, init, "1 process -> 2 FSDP ranks")
     assert rollouts(up) == Counter({k: v for k, v in rollouts(ref_out).items() if k[0] > 3})
 
 
 # ------------------------------------------------------------------ two nodes over loopback
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -241,8 +318,13 @@ def test_two_nodes_over_loopback(tiny_model_dir, fsdp_reference, tmp_path):
     data, ref_out = fsdp_reference
     out = tmp_path / "nodes"
     args = common(tiny_model_dir, data, out, *STEPS, per_rank(2), "train.parallelism=fsdp")
-    rdzv = ["--nnodes=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=rlvr-test",
-            "--local-addr=127.0.0.1"]
+    rdzv = [
+        "--nnodes=2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "--rdzv-id=rlvr-test",
+        "--local-addr=127.0.0.1",
+    ]
     nodes = [launch(args, nproc=1, rdzv=rdzv) for _ in range(2)]
     for node in nodes:
         finish(node, timeout=300)
@@ -253,18 +335,30 @@ def test_two_nodes_over_loopback(tiny_model_dir, fsdp_reference, tmp_path):
 
 # ------------------------------------------------------------------ pieces, in one process
 
+
 def test_resplit_continues_the_stream_where_every_rank_left_it(sum_dataset, tmp_path):
     from rlvr.checkpoint import resplit
     from rlvr.config import load_config
     from rlvr.tasks.stream import PromptStream
 
-    cfg = load_config(None, [f"data.path={sum_dataset}", f"log.output_dir={tmp_path}", "data.shuffle=false",
-                             "rewards=[{name: 'smoke_rewards:length_bonus'}]"])
+    cfg = load_config(
+        None,
+        [
+            f"data.path={sum_dataset}",
+            f"log.output_dir={tmp_path}",
+            "data.shuffle=false",
+            "rewards=[{name: 'smoke_rewards:length_bonus'}]",
+        ],
+    )
     whole = [r["prompt_id"] for r in PromptStream(cfg).take(20)]
 
     def state(stream: PromptStream, generation: int, history: dict, errors: dict) -> dict:
-        return {"generation": generation, "stream": stream.state_dict(), "reward_errors": errors,
-                "group_filter": {"history": history, "draws": generation, "warned_short": False}}
+        return {
+            "generation": generation,
+            "stream": stream.state_dict(),
+            "reward_errors": errors,
+            "group_filter": {"history": history, "draws": generation, "warned_short": False},
+        }
 
     old = [PromptStream(cfg, rank=r, world=2) for r in range(2)]
     for s in old:
@@ -360,5 +454,6 @@ def test_cpu_offload_without_fsdp_is_refused(tmp_path):
 
     with pytest.raises(ConfigError, match="set train.parallelism=fsdp too"):
         load_config(None, [f"log.output_dir={tmp_path}", "train.fsdp_cpu_offload=true"])
-    assert load_config(None, [f"log.output_dir={tmp_path}", "train.fsdp_cpu_offload=true",
-                              "train.parallelism=fsdp"]).train.fsdp_cpu_offload
+    assert load_config(
+        None, [f"log.output_dir={tmp_path}", "train.fsdp_cpu_offload=true", "train.parallelism=fsdp"]
+    ).train.fsdp_cpu_offload

@@ -33,24 +33,31 @@ def spies(monkeypatch):
 
 
 def test_beta_zero_on_policy_needs_no_reference_and_no_old_logprob_pass(spies, tiny_model_dir, sum_dataset, tmp_path):
-    train_mod.train(load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, tmp_path / "r", "train.max_steps=2")))
+    train_mod.train(
+        load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, tmp_path / "r", "train.max_steps=2"))
+    )
     assert spies == {"ref_models": 0, "no_grad_forwards": 0}
 
 
 def test_beta_positive_loads_a_frozen_reference(spies, tiny_model_dir, sum_dataset, tmp_path):
-    train_mod.train(load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, tmp_path / "r", "train.max_steps=2",
-                                                      "algo.beta=0.1")))
+    train_mod.train(
+        load_config(
+            None, smoke_overrides(tiny_model_dir, sum_dataset, tmp_path / "r", "train.max_steps=2", "algo.beta=0.1")
+        )
+    )
     assert spies["ref_models"] == 1 and spies["no_grad_forwards"] > 0
     kls = [m["kl"] for m in read_jsonl(tmp_path / "r" / "metrics.jsonl")]
     assert kls[0] == pytest.approx(0.0, abs=1e-6)  # first step: policy == reference
     assert kls[1] > 0.0  # after one update with lr 1e-2 they differ
 
 
-@pytest.mark.parametrize("extra", [["algo.num_iterations=2"],
-                                   ["train.steps_per_generation=2", "train.per_device_train_batch_size=8"]])
+@pytest.mark.parametrize(
+    "extra", [["algo.num_iterations=2"], ["train.steps_per_generation=2", "train.per_device_train_batch_size=8"]]
+)
 def test_old_logprob_pass_runs_when_the_ratio_can_move(spies, tiny_model_dir, sum_dataset, tmp_path, extra):
-    train_mod.train(load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, tmp_path / "r",
-                                                      "train.max_steps=2", *extra)))
+    train_mod.train(
+        load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, tmp_path / "r", "train.max_steps=2", *extra))
+    )
     assert spies["ref_models"] == 0 and spies["no_grad_forwards"] > 0
 
 
@@ -95,8 +102,9 @@ class _DropLogprobs:
 
 
 @pytest.mark.parametrize("every", [1, 2], ids=["all-missing", "some-missing"])
-def test_completions_without_sampler_logprobs_do_not_break_the_loop(monkeypatch, tiny_model_dir, sum_dataset,
-                                                                     tmp_path, every):
+def test_completions_without_sampler_logprobs_do_not_break_the_loop(
+    monkeypatch, tiny_model_dir, sum_dataset, tmp_path, every
+):
     wrapped = []
     real_build = train_mod.build_engine
 

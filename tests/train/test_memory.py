@@ -15,8 +15,16 @@ from rlvr.memory import GIB, ModelShape, PhaseMeter, estimate
 def _qwen3_config(tied=True):
     from transformers import Qwen3Config
 
-    return Qwen3Config(vocab_size=500, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=16, tie_word_embeddings=tied)
+    return Qwen3Config(
+        vocab_size=500,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        tie_word_embeddings=tied,
+    )
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -60,14 +68,29 @@ def test_the_terms_follow_the_config():
     shape = ModelShape.from_hf_config(_qwen3_config())
     base = load_config(None, ["model.dtype=bfloat16", "train.per_device_train_batch_size=16"])
     p0 = estimate(base, shape)
-    ref = estimate(load_config(None, ["model.dtype=bfloat16", "train.per_device_train_batch_size=16",
-                                      "algo.beta=0.04"]), shape)
+    ref = estimate(
+        load_config(None, ["model.dtype=bfloat16", "train.per_device_train_batch_size=16", "algo.beta=0.04"]), shape
+    )
     assert ref.resident["reference model"] == shape.num_params * 2 and "reference model" not in p0.resident
-    ckpt = estimate(load_config(None, ["model.dtype=bfloat16", "train.per_device_train_batch_size=16",
-                                       "model.gradient_checkpointing=true"]), shape)
+    ckpt = estimate(
+        load_config(
+            None, ["model.dtype=bfloat16", "train.per_device_train_batch_size=16", "model.gradient_checkpointing=true"]
+        ),
+        shape,
+    )
     assert ckpt.phases["update"]["activations"] < p0.phases["update"]["activations"]
-    lora = estimate(load_config(None, ["model.dtype=bfloat16", "train.per_device_train_batch_size=16",
-                                       "model.lora.enabled=true", "algo.beta=0.04"]), shape)
+    lora = estimate(
+        load_config(
+            None,
+            [
+                "model.dtype=bfloat16",
+                "train.per_device_train_batch_size=16",
+                "model.lora.enabled=true",
+                "algo.beta=0.04",
+            ],
+        ),
+        shape,
+    )
     assert "reference model" not in lora.resident  # the LoRA reference is the base model, adapter off
     assert lora.resident["optimizer state (AdamW m, v)"] == 2 * 4 * shape.lora_params(16, "all-linear")
 
@@ -83,8 +106,9 @@ def test_train_refuses_with_the_plan_and_a_knob_that_fits(monkeypatch):
     assert "estimated peak" in msg and "knobs that would make it fit" in msg and "memory_check=warn" in msg
     last_knob = [ln for ln in msg.splitlines() if "estimated peak" in ln and "GiB" in ln][-1]
     assert float(last_knob.rsplit("estimated peak", 1)[1].split()[0]) * GIB <= free
-    memory.check_fits(load_config(None, ["train.memory_check=warn", "train.per_device_train_batch_size=256"]),
-                      torch.device("cpu"))  # warns, does not raise
+    memory.check_fits(
+        load_config(None, ["train.memory_check=warn", "train.per_device_train_batch_size=256"]), torch.device("cpu")
+    )  # warns, does not raise
 
 
 def test_plan_command_prints_the_table(tmp_path):
@@ -117,8 +141,15 @@ def test_eight_bit_adam_is_opt_in_and_planned_at_a_quarter():
 
 def test_knobs_are_concrete_settings_in_order():
     shape = ModelShape.from_hf_config(_qwen3_config())
-    cfg = load_config(None, ["model.dtype=float32", "algo.beta=0.04", "train.per_device_train_batch_size=256",
-                             "rollout.max_completion_length=512"])
+    cfg = load_config(
+        None,
+        [
+            "model.dtype=float32",
+            "algo.beta=0.04",
+            "train.per_device_train_batch_size=256",
+            "rollout.max_completion_length=512",
+        ],
+    )
     lines = memory.knobs_to_fit(cfg, shape, "cpu", free=1)  # nothing fits in one byte: every knob is listed
     assert lines[0].startswith("model.gradient_checkpointing=true")
     assert lines[1].startswith("train.per_device_train_batch_size=")

@@ -20,8 +20,16 @@ def _llama(tied=True):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tied)
+    cfg = LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+    )
     return LlamaForCausalLM(cfg).double()
 
 
@@ -29,8 +37,17 @@ def _qwen3():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(1)
-    cfg = Qwen3Config(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False)
+    cfg = Qwen3Config(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     return Qwen3ForCausalLM(cfg).double()
 
 
@@ -137,8 +154,17 @@ def test_adapted_head_and_post_processed_logits_take_the_plain_path():
 
     model = get_peft_model(_llama(tied=False), LoraConfig(r=2, target_modules=["lm_head", "q_proj"]))
     assert plain_linear_head(model) is None
-    gemma = Gemma2ForCausalLM(Gemma2Config(vocab_size=V, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
-                                           num_attention_heads=2, num_key_value_heads=1, head_dim=8))
+    gemma = Gemma2ForCausalLM(
+        Gemma2Config(
+            vocab_size=V,
+            hidden_size=16,
+            intermediate_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+        )
+    )
     assert plain_linear_head(gemma) is None  # final_logit_softcapping changes the logits after the head
 
 

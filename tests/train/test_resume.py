@@ -22,8 +22,16 @@ STEPS = 8
 
 
 def run_args(model_dir: Path, data: Path, out: Path, *extra: str) -> list[str]:
-    return smoke_overrides(model_dir, data, out, f"train.max_steps={STEPS}", "log.save_steps=1",
-                           "log.save_total_limit=2", "rollout.num_generations=4", *extra)
+    return smoke_overrides(
+        model_dir,
+        data,
+        out,
+        f"train.max_steps={STEPS}",
+        "log.save_steps=1",
+        "log.save_total_limit=2",
+        "rollout.num_generations=4",
+        *extra,
+    )
 
 
 def final_weights(out: Path) -> dict[str, torch.Tensor]:
@@ -34,8 +42,9 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
 def uninterrupted(tiny_model_dir, tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
     tmp = tmp_path_factory.mktemp("resume")
     data = tmp / "sums.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
-                            for a in range(10) for b in range(3)))
+    data.write_text(
+        "".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(10) for b in range(3))
+    )
     t0 = time.perf_counter()
     train(load_config(None, run_args(tiny_model_dir, data, tmp / "uninterrupted")))
     step_s = (time.perf_counter() - t0) / STEPS  # an upper bound on one step's wall time
@@ -45,17 +54,25 @@ def uninterrupted(tiny_model_dir, tmp_path_factory) -> tuple[Path, dict[str, tor
 # (checkpoints written before the kill, delay as a fraction of a step): right after a checkpoint
 # (possibly while the next one is being written), and in the middle of a later step.
 @pytest.mark.parametrize("kill_after_checkpoints,delay", [(1, 0.0), (4, 0.5)])
-def test_sigkill_and_resume_is_bitwise_identical(tiny_model_dir, uninterrupted, tmp_path,
-                                                 kill_after_checkpoints, delay):
+def test_sigkill_and_resume_is_bitwise_identical(
+    tiny_model_dir, uninterrupted, tmp_path, kill_after_checkpoints, delay
+):
     sum_dataset, ref, step_s = uninterrupted
     out = tmp_path / "killed"
     args = run_args(tiny_model_dir, sum_dataset, out)
     # Same intra-op thread count as this process (tests/conftest.py): float reductions split across a
     # different number of threads sum in a different order, and bitwise equality is the claim here.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.getcwd()]),
-           "OMP_NUM_THREADS": str(torch.get_num_threads())}
-    proc = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.getcwd()]),
+        "OMP_NUM_THREADS": str(torch.get_num_threads()),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlvr.cli", "train", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     ckpts = out / "checkpoints"
     deadline = time.time() + 120
     # Kill while it works: after the k-th checkpoint appeared, plus a little, possibly mid-write.

@@ -38,14 +38,17 @@ def needs_grade(prompts, completions, completion_ids, grade):
 """
 
 
-@pytest.mark.parametrize("override,specs", [
-    ("rewards=[math]", [("math", 1.0)]),
-    ("rewards=math", [("math", 1.0)]),
-    ("rewards=[{name:math}]", [("math", 1.0)]),  # YAML reads `name:math` as one key
-    ("rewards=[math, {name: format, weight: 0.5}]", [("math", 1.0), ("format", 0.5)]),
-    ("rewards=[myrewards:exact]", [("myrewards:exact", 1.0)]),
-    ("rewards=[path/to/myrewards.py:exact]", [("path/to/myrewards.py:exact", 1.0)]),
-])
+@pytest.mark.parametrize(
+    "override,specs",
+    [
+        ("rewards=[math]", [("math", 1.0)]),
+        ("rewards=math", [("math", 1.0)]),
+        ("rewards=[{name:math}]", [("math", 1.0)]),  # YAML reads `name:math` as one key
+        ("rewards=[math, {name: format, weight: 0.5}]", [("math", 1.0), ("format", 0.5)]),
+        ("rewards=[myrewards:exact]", [("myrewards:exact", 1.0)]),
+        ("rewards=[path/to/myrewards.py:exact]", [("path/to/myrewards.py:exact", 1.0)]),
+    ],
+)
 def test_short_forms_are_the_long_form(override, specs):
     cfg = load_config(None, [override])
     assert [(r.name, r.weight) for r in cfg.rewards] == specs
@@ -72,11 +75,14 @@ def test_a_file_path_reward_is_loaded_and_named_by_its_function(tmp_path):
     assert fn.name == "exact" and fn.fn(prompts=["p"], completions=[" 7"], answer=["7"]) == [1.0]
 
 
-@pytest.mark.parametrize("ref,message", [
-    ("no_such_rewards_module:f", "no module 'no_such_rewards_module' in the working directory"),
-    ("{dir}/missing.py:f", "no file"),
-    ("{dir}/r.py:exactt", "has no function 'exactt'. Did you mean 'exact'?"),
-])
+@pytest.mark.parametrize(
+    "ref,message",
+    [
+        ("no_such_rewards_module:f", "no module 'no_such_rewards_module' in the working directory"),
+        ("{dir}/missing.py:f", "no file"),
+        ("{dir}/r.py:exactt", "has no function 'exactt'. Did you mean 'exact'?"),
+    ],
+)
 def test_a_reward_that_cannot_be_found_is_one_line(tmp_path, ref, message):
     (tmp_path / "r.py").write_text(REWARDS_PY)
     with pytest.raises(RewardReferenceError, match=message.replace("(", r"\(").replace("?", r"\?")):
@@ -86,22 +92,27 @@ def test_a_reward_that_cannot_be_found_is_one_line(tmp_path, ref, message):
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Any attempt to build the run (load the model) fails the test: the error must come first."""
+
     def forbidden(*a, **k):
         raise AssertionError("the model was loaded before the bad input was reported")
 
     monkeypatch.setattr(train_mod, "setup", forbidden)
 
 
-@pytest.mark.parametrize("fn,message", [
-    ("too_few", "'too_few' returned 1 values for 2 completions"),
-    ("text", "'text' returned str '1.0' for completion 0; it must return a list of floats or None"),
-    ("nothing", "'nothing' returned NoneType, expected a list of 2 floats"),
-    ("no_kwargs", "'no_kwargs' does not accept prompts, completion_ids"),
-    ("needs_grade", "'needs_grade' requires grade, which the dataset has no column for"),
-    ("missing_fn", "has no function 'missing_fn'"),
-])
-def test_a_broken_reward_is_one_line_before_the_model_loads(no_model_load, tiny_model_dir, sum_dataset, tmp_path,
-                                                            fn, message):
+@pytest.mark.parametrize(
+    "fn,message",
+    [
+        ("too_few", "'too_few' returned 1 values for 2 completions"),
+        ("text", "'text' returned str '1.0' for completion 0; it must return a list of floats or None"),
+        ("nothing", "'nothing' returned NoneType, expected a list of 2 floats"),
+        ("no_kwargs", "'no_kwargs' does not accept prompts, completion_ids"),
+        ("needs_grade", "'needs_grade' requires grade, which the dataset has no column for"),
+        ("missing_fn", "has no function 'missing_fn'"),
+    ],
+)
+def test_a_broken_reward_is_one_line_before_the_model_loads(
+    no_model_load, tiny_model_dir, sum_dataset, tmp_path, fn, message
+):
     (tmp_path / "r.py").write_text(REWARDS_PY)
     over = [o for o in smoke_overrides(tiny_model_dir, sum_dataset, tmp_path / "run") if not o.startswith("rewards=")]
     res = runner.invoke(app, ["train", *over, f"rewards=[{tmp_path / 'r.py'}:{fn}]"])
@@ -149,8 +160,10 @@ def test_a_reward_file_imports_its_neighbours_at_call_time(tmp_path):
     folder = tmp_path / "task"
     folder.mkdir()
     (folder / "grading_helpers_i19.py").write_text("def grade(c):\n    return float(c == 'ok')\n")
-    (folder / "graded.py").write_text("def reward(prompts, completions, **kw):\n"
-                                      "    from grading_helpers_i19 import grade\n"
-                                      "    return [grade(c) for c in completions]\n")
+    (folder / "graded.py").write_text(
+        "def reward(prompts, completions, **kw):\n"
+        "    from grading_helpers_i19 import grade\n"
+        "    return [grade(c) for c in completions]\n"
+    )
     fn = import_reward(f"{folder / 'graded.py'}:reward")
     assert fn(prompts=["p", "q"], completions=["ok", "no"]) == [1.0, 0.0]

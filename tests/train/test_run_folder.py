@@ -32,8 +32,11 @@ def error_line(res) -> str:
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != LOCK_NAME}
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != LOCK_NAME
+    }
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +44,9 @@ def finished(tiny_model_dir, tmp_path_factory) -> tuple[Path, Path]:
     """A 2-step run, finished (checkpoints at steps 1 and 2, final/); tests work on copies."""
     tmp = tmp_path_factory.mktemp("finished")
     data = tmp / "sums.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
-                            for a in range(10) for b in range(3)))
+    data.write_text(
+        "".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(10) for b in range(3))
+    )
     res = runner.invoke(app, args(tiny_model_dir, data, tmp / "run"))
     assert res.exit_code == 0, res.output
     return data, tmp / "run"
@@ -105,13 +109,26 @@ def test_a_folder_in_use_is_refused_and_a_dead_owner_does_not_block(tiny_model_d
 def test_resume_records_the_changed_config_and_continues(tiny_model_dir, run_copy):
     data, run = run_copy
     # A new group size works on the saved state (optimizer, data position, DAPO and monitor histories).
-    res = runner.invoke(app, args(tiny_model_dir, data, run, "resume=true", "train.max_steps=3",
-                                  "train.learning_rate=0.005", "rollout.num_generations=2"))
+    res = runner.invoke(
+        app,
+        args(
+            tiny_model_dir,
+            data,
+            run,
+            "resume=true",
+            "train.max_steps=3",
+            "train.learning_rate=0.005",
+            "rollout.num_generations=2",
+        ),
+    )
     assert res.exit_code == 0, res.output
     history = read_jsonl(run / "config-history.jsonl")
     assert len(history) == 1 and history[0]["step"] == 2
-    assert history[0]["changed"] == {"rollout.num_generations": [4, 2], "train.learning_rate": [0.01, 0.005],
-                                     "train.max_steps": [2, 3]}
+    assert history[0]["changed"] == {
+        "rollout.num_generations": [4, 2],
+        "train.learning_rate": [0.01, 0.005],
+        "train.max_steps": [2, 3],
+    }
     assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1, 2, 3]
 
 
@@ -125,8 +142,9 @@ def test_resume_with_max_steps_reached_says_so_and_leaves_final(tiny_model_dir, 
     assert snapshot(run) == before
 
 
-@pytest.mark.parametrize("change,named", [("model.lora.enabled=true", "model.lora.enabled=false"),
-                                          ("model.path=tiny", "model.path")])
+@pytest.mark.parametrize(
+    "change,named", [("model.lora.enabled=true", "model.lora.enabled=false"), ("model.path=tiny", "model.path")]
+)
 def test_resume_refuses_a_change_that_cannot_work(tiny_model_dir, run_copy, change, named):
     data, run = run_copy
     before = snapshot(run)
@@ -138,8 +156,9 @@ def test_resume_refuses_a_change_that_cannot_work(tiny_model_dir, run_copy, chan
 
 def test_a_lora_run_resumed_without_lora_names_the_fix(tiny_model_dir, sum_dataset, tmp_path):
     run = tmp_path / "lora"
-    res = runner.invoke(app, args(tiny_model_dir, sum_dataset, run, "model.lora.enabled=true", "model.lora.r=2",
-                                  "train.max_steps=1"))
+    res = runner.invoke(
+        app, args(tiny_model_dir, sum_dataset, run, "model.lora.enabled=true", "model.lora.r=2", "train.max_steps=1")
+    )
     assert res.exit_code == 0, res.output
     (run / "config.yaml").unlink()  # without the folder's config, the checkpoint itself is read
     res = runner.invoke(app, args(tiny_model_dir, sum_dataset, run, "resume=true", "train.max_steps=2"))

@@ -15,22 +15,56 @@ from rlvr.config import load_config
 from rlvr.train import train
 
 ALWAYS_LOGGED = [
-    "reward", "reward_std", "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio",
-    "num_tokens", "loss", "grad_norm", "learning_rate", "clip_ratio/low_mean", "clip_ratio/high_mean",
-    "clip_ratio/region_mean", "entropy", "rewards/length_bonus/mean", "rewards/length_bonus/std",
-    "timing/rollout", "timing/reward", "timing/advantage", "timing/logprobs", "timing/update", "timing/sync",
-    "groups/all_fail", "groups/mixed", "groups/all_pass", "tokens_per_second", "policy_lag",
-    "memory/peak_rollout", "memory/peak_logprobs", "memory/peak_update", "memory/peak",
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "num_tokens",
+    "loss",
+    "grad_norm",
+    "learning_rate",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "entropy",
+    "rewards/length_bonus/mean",
+    "rewards/length_bonus/std",
+    "timing/rollout",
+    "timing/reward",
+    "timing/advantage",
+    "timing/logprobs",
+    "timing/update",
+    "timing/sync",
+    "groups/all_fail",
+    "groups/mixed",
+    "groups/all_pass",
+    "tokens_per_second",
+    "policy_lag",
+    "memory/peak_rollout",
+    "memory/peak_logprobs",
+    "memory/peak_update",
+    "memory/peak",
 ]
 
 
 def smoke_overrides(model_dir: Path, data: Path, out: Path, *extra: str) -> list[str]:
     return [
-        f"model.path={model_dir}", f"data.path={data}", "rewards=[{name: 'smoke_rewards:length_bonus'}]",
-        "rollout.backend=hf", "rollout.max_completion_length=6", "rollout.num_generations=4",
-        "train.per_device_train_batch_size=16", "train.max_steps=3", "train.learning_rate=1e-2",
-        f"log.output_dir={out}", "log.logging_steps=1", "log.eval_before_after=false", "log.report_to=[]",
-        "log.progress=false", *extra,
+        f"model.path={model_dir}",
+        f"data.path={data}",
+        "rewards=[{name: 'smoke_rewards:length_bonus'}]",
+        "rollout.backend=hf",
+        "rollout.max_completion_length=6",
+        "rollout.num_generations=4",
+        "train.per_device_train_batch_size=16",
+        "train.max_steps=3",
+        "train.learning_rate=1e-2",
+        f"log.output_dir={out}",
+        "log.logging_steps=1",
+        "log.eval_before_after=false",
+        "log.report_to=[]",
+        "log.progress=false",
+        *extra,
     ]
 
 
@@ -60,23 +94,28 @@ def test_three_steps_train_and_log(tiny_model_dir, sum_dataset, tmp_path):
     assert read_jsonl(out / "samples.jsonl"), "no samples written"
     assert (out / "config.yaml").exists() and (out / "header.json").exists()
     # Which decoder sampled is part of what made the run (decoders draw different random streams).
-    assert json.loads((out / "header.json").read_text())["rollout_decoder"] == \
-        "hf engine: transformers generate on the live policy"
+    assert (
+        json.loads((out / "header.json").read_text())["rollout_decoder"]
+        == "hf engine: transformers generate on the live policy"
+    )
     assert (out / "checkpoints").is_dir()
 
 
 def test_every_logged_key_is_documented(tiny_model_dir, sum_dataset, tmp_path):
     out = tmp_path / "run"
-    train(load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, out, "train.max_steps=1",
-                                            "algo.beta=0.04")))
+    train(load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, out, "train.max_steps=1", "algo.beta=0.04")))
     doc = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
     keys = {k for m in read_jsonl(out / "metrics.jsonl") for k in m if k != "step"}
     assert "kl" in keys
     # Per-function, per-source, per-bucket and per-monitor keys are documented by pattern.
     monitors = r"(answer_spraying|format_farming|length_inflation|truncation_gaming|test_tampering)"
-    patterns = [(r"^rewards/[^/]+/", "rewards/<name>/"), (r"^groups/sums/.*", "groups/<source>/{all_fail,mixed,all_pass}"),
-                (r"/\d+$", "/<k>"), (rf"^hacking/{monitors}", "hacking/<m>"),
-                (r"^shadow/(?!accuracy$|graded$)[^/]+/", "shadow/<name>/")]
+    patterns = [
+        (r"^rewards/[^/]+/", "rewards/<name>/"),
+        (r"^groups/sums/.*", "groups/<source>/{all_fail,mixed,all_pass}"),
+        (r"/\d+$", "/<k>"),
+        (rf"^hacking/{monitors}", "hacking/<m>"),
+        (r"^shadow/(?!accuracy$|graded$)[^/]+/", "shadow/<name>/"),
+    ]
 
     def documented_as(key: str) -> str:
         for pat, repl in patterns:
@@ -90,8 +129,9 @@ def test_every_logged_key_is_documented(tiny_model_dir, sum_dataset, tmp_path):
 def test_default_job_runs_on_the_shipped_model(tmp_path):
     """`rlvr train` with no arguments, cut to 2 steps: the shipped model, the arithmetic task, native rollouts."""
     out = tmp_path / "default"
-    result = train(load_config(None, [f"log.output_dir={out}", "train.max_steps=2", "data.eval_size=16",
-                                      "log.progress=false"]))
+    result = train(
+        load_config(None, [f"log.output_dir={out}", "train.max_steps=2", "data.eval_size=16", "log.progress=false"])
+    )
     assert result["step"] == 2
     assert 0.0 <= result["before"]["accuracy"] <= 1.0 and result["after"]["num_prompts"] == 16
     lines = read_jsonl(out / "metrics.jsonl")

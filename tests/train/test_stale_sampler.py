@@ -19,15 +19,17 @@ from completions_server import CompletionsServer  # noqa: E402
 
 @pytest.fixture
 def server(tiny_model_dir):
-    srv = CompletionsServer(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(),
-                            AutoTokenizer.from_pretrained(tiny_model_dir))
+    srv = CompletionsServer(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), AutoTokenizer.from_pretrained(tiny_model_dir)
+    )
     yield srv
     srv.close()
 
 
 def overrides(model, data, out, server, *extra):
     return [o for o in smoke_overrides(model, data, out, "train.max_steps=3", *extra) if "rollout.backend" not in o] + [
-        "rollout.backend=openai", "rollout.allow_stale_sampler=true",
+        "rollout.backend=openai",
+        "rollout.allow_stale_sampler=true",
         f"rollout.engine_options={{base_url: '{server.base_url}/v1'}}",
     ]
 
@@ -57,8 +59,10 @@ def test_lag_grows_and_importance_sampling_acts(server, tiny_model_dir, sum_data
 
 def test_reload_every_bounds_the_lag(server, tiny_model_dir, sum_dataset, tmp_path):
     out = tmp_path / "r"
-    extra = [f"rollout.engine_options={{base_url: '{server.base_url}/v1', "
-             f"reload_every: 1, reload_url: '{server.base_url}/reload'}}"]
+    extra = [
+        f"rollout.engine_options={{base_url: '{server.base_url}/v1', "
+        f"reload_every: 1, reload_url: '{server.base_url}/reload'}}"
+    ]
     over = overrides(tiny_model_dir, sum_dataset, out, server)[:-1] + extra
     train_mod.train(load_config(None, over))
     assert [m["policy_lag"] for m in read_jsonl(out / "metrics.jsonl")] == [0.0, 0.0, 0.0]

@@ -45,23 +45,29 @@ def test_trl_names_in_a_yaml_file(tmp_path):
     p = tmp_path / "trl.yaml"
     p.write_text("bf16: true\nscale_rewards: false\nrewards: [math, format]\nreward_weights: [1.0, 0.1]\n")
     cfg = load_config(p)
-    assert (cfg.model.dtype, cfg.algo.scale_rewards, [r.weight for r in cfg.rewards]) == ("bfloat16", "none",
-                                                                                          [1.0, 0.1])
+    assert (cfg.model.dtype, cfg.algo.scale_rewards, [r.weight for r in cfg.rewards]) == (
+        "bfloat16",
+        "none",
+        [1.0, 0.1],
+    )
 
 
-@pytest.mark.parametrize("override,message", [
-    ("num_train_epochs=3", "set train.max_steps"),
-    ("num_completions_to_print=4", "log.samples_per_class"),
-    ("run_name=exp1", "log.output_dir=runs/NAME"),
-    ("reward_weights=[1.0, 2.0]", "2 weights for 1 reward functions"),
-    ("generation_batch_size=100", "must be divisible by per_device_train_batch_size"),
-    ("vllm_mode=server", "only with use_vllm=true"),
-    ("sync_ref_model=true", "has no rlvr equivalent"),
-    ("vllm_server_port=8000", "rollout.engine_options"),
-    ("push_to_hub=true", "push_to_hub (a transformers TrainingArguments option) has no rlvr equivalent"),
-    ("optim=sgd", "train.optim: Input should be 'adamw_torch' or 'adamw_torch_8bit'"),  # kept name, rlvr's choices
-    ("warmup_steps=6", "set train.warmup_ratio=warmup_steps/max_steps"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("num_train_epochs=3", "set train.max_steps"),
+        ("num_completions_to_print=4", "log.samples_per_class"),
+        ("run_name=exp1", "log.output_dir=runs/NAME"),
+        ("reward_weights=[1.0, 2.0]", "2 weights for 1 reward functions"),
+        ("generation_batch_size=100", "must be divisible by per_device_train_batch_size"),
+        ("vllm_mode=server", "only with use_vllm=true"),
+        ("sync_ref_model=true", "has no rlvr equivalent"),
+        ("vllm_server_port=8000", "rollout.engine_options"),
+        ("push_to_hub=true", "push_to_hub (a transformers TrainingArguments option) has no rlvr equivalent"),
+        ("optim=sgd", "train.optim: Input should be 'adamw_torch' or 'adamw_torch_8bit'"),  # kept name, rlvr's choices
+        ("warmup_steps=6", "set train.warmup_ratio=warmup_steps/max_steps"),
+    ],
+)
 def test_refused_trl_names_say_what_to_set(override, message):
     with pytest.raises(ConfigError) as e:
         load_config(None, [override])
@@ -76,15 +82,31 @@ def test_every_grpo_config_field_is_an_option_translated_or_refused():
     base = {f.name for f in dataclasses.fields(TrainingArguments)}
     own = [f.name for f in dataclasses.fields(GRPOConfig) if f.name not in base]
     rlvr_names = set(_section_fields())
-    loose = [n for n in own if n not in rlvr_names and n not in TRANSLATED and n not in REFUSED
-             and n not in UNSUPPORTED]
+    loose = [
+        n for n in own if n not in rlvr_names and n not in TRANSLATED and n not in REFUSED and n not in UNSUPPORTED
+    ]
     assert not loose, f"GRPOConfig fields rlvr neither has, translates nor refuses: {loose}"
     # Every TrainingArguments field (a GRPOConfig inherits them) is named too.
-    loose = [n for n in base if not n.startswith("_") and n not in rlvr_names and n not in TRANSLATED
-             and n not in REFUSED and n not in TRAINING_ARGUMENTS_UNSUPPORTED]
+    loose = [
+        n
+        for n in base
+        if not n.startswith("_")
+        and n not in rlvr_names
+        and n not in TRANSLATED
+        and n not in REFUSED
+        and n not in TRAINING_ARGUMENTS_UNSUPPORTED
+    ]
     assert not loose, f"TrainingArguments fields rlvr neither has, translates nor refuses: {loose}"
-    for name in ("learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps", "max_steps",
-                 "logging_steps", "save_steps", "output_dir", "seed"):
+    for name in (
+        "learning_rate",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "max_steps",
+        "logging_steps",
+        "save_steps",
+        "output_dir",
+        "seed",
+    ):
         assert name in rlvr_names, name
 
 
@@ -92,7 +114,7 @@ def test_readme_table_names_exactly_what_is_kept():
     """Every TRL name the README's table lists works as it says: kept names are options of that section,
     translated names translate, refused names are refused."""
     text = README.read_text()
-    table = text[text.index("| section | what | TRL names kept |"):]
+    table = text[text.index("| section | what | TRL names kept |") :]
     table = table[: table.index("\n\n")]
     fields = _section_fields()
     for row in table.splitlines()[2:]:
@@ -102,6 +124,6 @@ def test_readme_table_names_exactly_what_is_kept():
             if name in TRANSLATED:
                 continue
             assert section in fields.get(name, []), f"README says {name} is kept in {section}"
-    listed = text[text.index("TRL names rlvr translates"):]
+    listed = text[text.index("TRL names rlvr translates") :]
     for name in list(TRANSLATED) + list(REFUSED):
         assert f"`{name}`" in listed, f"README does not list {name}"

