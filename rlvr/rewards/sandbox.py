@@ -134,20 +134,12 @@ def _explicit_isolation(isolation: str) -> str:
 
 
 def root_paths() -> list[str]:
-    """What the sandbox's otherwise empty root holds, read-only: system libraries and this
-    interpreter's prefixes (the harness computes the same list for the namespaces isolation)."""
-    wanted = {
-        "/usr",
-        "/etc/ld.so.cache",
-        "/etc/localtime",
-        sys.prefix,
-        sys.base_prefix,
-        sys.exec_prefix,
-        sys.base_exec_prefix,
-        os.path.dirname(os.path.realpath(sys.executable)),
-    }
-    real = sorted({os.path.realpath(p) for p in wanted if os.path.exists(p)})
-    return [p for i, p in enumerate(real) if not any(p.startswith(q + "/") or p == q for q in real[:i])]
+    """What the sandbox's otherwise empty root holds, read-only: system libraries and this interpreter's
+    prefixes. One list for both isolations: the harness computes it for the namespaces one, and
+    bubblewrap is given the same (the harness module is stdlib-only, so importing it here is cheap)."""
+    from rlvr.rewards._sandbox_harness import root_paths as harness_root_paths
+
+    return harness_root_paths()
 
 
 def bwrap_argv(workdir: str, tmpfs_mb: int) -> list[str]:
