@@ -329,7 +329,7 @@ def main() -> None:
         namespace = module.__dict__
     try:
         code = compile(spec["source"], "solution.py", "exec")
-        exec(code, namespace)  # noqa: S102 - running the model's program is this sandbox's job
+        exec(code, namespace)  # noqa: S102 - safe: this is the sandboxed process, never the trainer
     except SystemExit as exc:
         if mode == "stdio" and exc.code in (None, 0):
             pass  # a program that ends with sys.exit(0) after printing its answer is fine

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from llamacpp_server import __file__ as SERVER_SCRIPT
+from smoke_config import smoke_overrides
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.core import token_logprobs
@@ -166,24 +167,16 @@ def test_byte_level_gqa_model_matches_hf(byte_level_server, byte_level_dir):
 
 
 def overrides(model_dir: Path, data: Path, out: Path, engine_options: str) -> list[str]:
-    return [
-        f"model.path={model_dir}",
-        f"data.path={data}",
+    """A smoke run whose rollouts come from the llama.cpp server (a stale sampler)."""
+    return smoke_overrides(
+        model_dir,
+        data,
+        out,
         "rewards=[{name: 'llamacpp_rewards:length_bonus'}]",
         "rollout.backend=openai",
         "rollout.allow_stale_sampler=true",
         f"rollout.engine_options={engine_options}",
-        "rollout.max_completion_length=6",
-        "rollout.num_generations=4",
-        "train.per_device_train_batch_size=16",
-        "train.max_steps=3",
-        "train.learning_rate=1e-2",
-        f"log.output_dir={out}",
-        "log.logging_steps=1",
-        "log.eval_before_after=false",
-        "log.report_to=[]",
-        "log.progress=false",
-    ]
+    )
 
 
 @pytest.fixture

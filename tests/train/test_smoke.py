@@ -7,9 +7,9 @@ import math
 import re
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
+from smoke_config import smoke_overrides  # noqa: F401  (tests/train import it from here too)
 
 from rlvr.config import load_config
 from rlvr.train import train
@@ -46,26 +46,6 @@ ALWAYS_LOGGED = [
     "memory/peak_update",
     "memory/peak",
 ]
-
-
-def smoke_overrides(model_dir: Path, data: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        f"model.path={model_dir}",
-        f"data.path={data}",
-        "rewards=[{name: 'smoke_rewards:length_bonus'}]",
-        "rollout.backend=hf",
-        "rollout.max_completion_length=6",
-        "rollout.num_generations=4",
-        "train.per_device_train_batch_size=16",
-        "train.max_steps=3",
-        "train.learning_rate=1e-2",
-        f"log.output_dir={out}",
-        "log.logging_steps=1",
-        "log.eval_before_after=false",
-        "log.report_to=[]",
-        "log.progress=false",
-        *extra,
-    ]
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from smoke_config import smoke_overrides
 
 from rlvr.rollout import SamplingParams, make_engine
 from rlvr.rollout.vllm import free_port
@@ -220,23 +221,14 @@ def test_grpo_steps_with_colocated_vllm(policy, tmp_path, monkeypatch):
     train_mod.train(
         load_config(
             None,
-            [
-                f"model.path={folder}",
-                f"data.path={data}",
+            smoke_overrides(
+                folder,
+                data,
+                out,
                 "rewards=[{name: 'vllm_rewards:length_bonus'}]",
                 "rollout.backend=vllm",
                 f"rollout.engine_options={options}",
-                "rollout.max_completion_length=6",
-                "rollout.num_generations=4",
-                "train.per_device_train_batch_size=16",
-                "train.max_steps=3",
-                "train.learning_rate=1e-2",
-                f"log.output_dir={out}",
-                "log.logging_steps=1",
-                "log.eval_before_after=false",
-                "log.report_to=[]",
-                "log.progress=false",
-            ],
+            ),
         )
     )
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
