@@ -58,7 +58,11 @@ def seed_per_prompt() -> None:
 def torchrun(args: list[str], nproc: int = 2, seeded_per_prompt: bool = False, cuda: bool = False) -> subprocess.Popen:
     # One intra-op thread per rank (2 ranks on 2 cores); tests/train on the path for the reward modules;
     # CUDA hidden unless asked for, so these are gloo tests on any machine.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE), os.getcwd()])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent), os.getcwd()]),
+    }
     if not cuda:
         env["CUDA_VISIBLE_DEVICES"] = ""
     entry = [__file__] if seeded_per_prompt else ["-m", "rlvr.cli"]

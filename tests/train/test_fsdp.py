@@ -48,7 +48,7 @@ def launch(args: list[str], nproc: int = 2, rdzv: list[str] | None = None) -> su
         "OMP_NUM_THREADS": "1",
         "CUDA_VISIBLE_DEVICES": "",
         "GLOO_SOCKET_IFNAME": "lo",
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.getcwd()]),
+        "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent), os.getcwd()]),
     }
     cmd = [
         sys.executable,
