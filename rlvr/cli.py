@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -90,6 +91,10 @@ def train_cmd(args: Optional[List[str]] = typer.Argument(None, help="[CONFIG.yam
         from rlvr.train import train
 
         train(cfg)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # one rank of torchrun's: skip the interpreter's teardown
+        from rlvr.distributed import leave
+
+        leave(0)
 
 
 @app.command("plan")

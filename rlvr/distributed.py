@@ -66,6 +66,27 @@ def close() -> None:
         dist.destroy_process_group()
 
 
+def leave(code: int = 0) -> None:
+    """End a rank of a finished multi-process run without the interpreter's teardown.
+
+    Every result is written and the process group destroyed by now, yet a rank can still die in
+    interpreter finalization: objects that outlive `close` (DDP's reducer, the optimizer, gloo's
+    transport) are then freed in arbitrary order while C++ threads of the collective backend still
+    exist, and a rank aborts ("terminate called without an active exception", SIGABRT) now and then
+    under load, which torchrun reports as a failed run. So a rank runs the exit hooks that matter
+    (atexit: checker pools, logging), flushes its streams and leaves with os._exit. A one-process
+    run never comes here and exits normally.
+    """
+    import atexit
+    import sys
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
