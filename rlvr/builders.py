@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from rlvr import core
 from rlvr.config import AlgoConfig, Config, stale_sampler_problem
@@ -107,7 +108,11 @@ def build_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimize
                 "train.optim=adamw_torch_8bit needs torchao: `pip install torchao`, or set train.optim=adamw_torch"
             ) from None
         return AdamW8bit(params, **kwargs)
-    return torch.optim.AdamW(params, **kwargs)
+    # Fused: one vectorised pass over p, grad, m, v per parameter instead of ~10 elementwise kernels
+    # (AdamW's step was a quarter of the update on CPU). DTensor shards (FSDP2) take the foreach path,
+    # which handles them on every backend.
+    fused = t.optim == "adamw_torch_fused" and not any(isinstance(p, DTensor) for p in params)
+    return torch.optim.AdamW(params, **kwargs, fused=True) if fused else torch.optim.AdamW(params, **kwargs)
 
 
 def build_scheduler(cfg: Config, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:

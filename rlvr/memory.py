@@ -329,7 +329,7 @@ _KNOBS = [
         "8-bit Adam state (torchao)",
         "half the state of bf16 AdamW, a quarter of fp32; compiled per parameter shape",
         lambda c: (
-            None if c.model.lora.enabled or c.train.optim != "adamw_torch" else {"train.optim": "adamw_torch_8bit"}
+            None if c.model.lora.enabled or c.train.optim == "adamw_torch_8bit" else {"train.optim": "adamw_torch_8bit"}
         ),
     ),
     (

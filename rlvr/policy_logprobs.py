@@ -91,9 +91,15 @@ def completion_logprobs(
     if head is not None:
         with _head_passes_hidden_states(head):
             hidden_NTH = model(**kwargs).logits[:, :-1, :]  # position t predicts token t+1
-        return core.head_logprobs(
-            hidden_NTH, head.weight, completion_ids_NT, temperature, head.bias, with_entropy=with_entropy
-        )
+        weight, bias = head.weight, head.bias
+        device_type = hidden_NTH.device.type
+        if torch.is_autocast_enabled(device_type):
+            # Mixed precision: the head's matmuls in the autocast dtype, as the model's own head would run
+            # them; one differentiable cast of the weight here rather than one per chunk inside the head.
+            low = torch.get_autocast_dtype(device_type)
+            weight, bias = weight.to(low), None if bias is None else bias.to(low)
+            hidden_NTH = hidden_NTH.to(low)
+        return core.head_logprobs(hidden_NTH, weight, completion_ids_NT, temperature, bias, with_entropy=with_entropy)
     logits_NTV = model(**kwargs).logits[:, :-1, :]
     logp_NT = core.token_logprobs(logits_NTV, completion_ids_NT, temperature=temperature)
     ent_NT = core.entropy_from_logits(logits_NTV.detach(), temperature=temperature) if with_entropy else None

@@ -149,8 +149,9 @@ def completion_logprobs(run: Run, model: torch.nn.Module, mb: PackedBatch,
     """One forward over [prompt | completion]; log-probs (and entropy) of the completion tokens from
     temperature-scaled logits, as the sampler drew them, a chunk of tokens at a time (never [N, T, V])."""
     temp = run.cfg.rollout.temperature or 1.0  # greedy sampling: log-probs of the plain distribution
-    return policy_logprobs.completion_logprobs(model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL,
-                                               mb.completion_ids_NT, temp, with_entropy=with_entropy)
+    with torch.autocast(run.device.type, torch.bfloat16, enabled=run.cfg.train.mixed_precision == "bf16"):
+        return policy_logprobs.completion_logprobs(model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL,
+                                                   mb.completion_ids_NT, temp, with_entropy=with_entropy)
 
 
 @torch.no_grad()

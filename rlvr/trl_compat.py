@@ -21,7 +21,7 @@ from typing import Any
 # TRL name -> (rlvr option it sets, how), for the README table and `--help`.
 TRANSLATED: dict[str, str] = {
     "reward_weights": "rewards[i].weight, one weight per reward function (the task's defaults when rewards is empty)",
-    "bf16": "model.dtype=bfloat16 (bf16=false: float32)",
+    "bf16": "train.mixed_precision=bf16 (float32 weights, bfloat16 autocast: TRL's meaning; bf16=false: no)",
     "fp16": "model.dtype=float16",
     "use_vllm": "rollout.backend=vllm (vllm_mode=colocate, TRL's default) or vllm-server (vllm_mode=server)",
     "vllm_mode": "with use_vllm: colocate -> rollout.backend=vllm, server -> rollout.backend=vllm-server",
@@ -156,10 +156,12 @@ def translate(tree: dict) -> tuple[dict, list[str]]:
         )
     for key in ("bf16", "fp16"):
         if key in popped and _bool(key, popped[key], problems) is not None:
-            if popped[key]:
-                _set(tree, "model.dtype", "bfloat16" if key == "bf16" else "float16", key, problems)
-            elif key == "bf16" and not popped.get("fp16"):
-                _set(tree, "model.dtype", "float32", key, problems)
+            # bf16 is TRL's (accelerate's) mixed precision: float32 master weights, bf16 autocast. fp16 would
+            # need loss scaling, which rlvr does not do: it keeps the weights themselves in float16.
+            if key == "bf16":
+                _set(tree, "train.mixed_precision", "bf16" if popped[key] else "no", key, problems)
+            elif popped[key]:
+                _set(tree, "model.dtype", "float16", key, problems)
     _translate_vllm(tree, popped, problems)
     for key in [k for k in popped if k.startswith("vllm_importance_sampling_")]:
         target = "clip_max" if key.endswith("_cap") else key.removeprefix("vllm_importance_sampling_")

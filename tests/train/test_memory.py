@@ -130,7 +130,7 @@ def test_eight_bit_adam_is_opt_in_and_planned_at_a_quarter():
     shape = ModelShape.from_hf_config(_qwen3_config())
     base = load_config(None, ["model.dtype=bfloat16"])
     low = load_config(None, ["model.dtype=bfloat16", "train.optim=adamw_torch_8bit"])
-    assert base.train.optim == "adamw_torch"
+    assert base.train.optim == "adamw_torch_fused"
     bf16_state = estimate(base, shape).resident["optimizer state (AdamW m, v)"]
     q_state = estimate(low, shape).resident["optimizer state (8-bit AdamW m, v)"]
     assert bf16_state == 4 * shape.num_params and q_state == int(2 * shape.num_params * (1 + 4 / 256))

@@ -21,8 +21,8 @@ def test_trl_values_translate_to_rlvr_options():
     # No rewards given: the task's default rewards are made explicit to carry the weights.
     cfg = load_config(None, ["reward_weights=[2.0]"])
     assert [(r.name, r.weight) for r in cfg.rewards] == [("arithmetic", 2.0)]
-    assert load_config(None, ["bf16=true"]).model.dtype == "bfloat16"
-    assert load_config(None, ["bf16=false"]).model.dtype == "float32"
+    assert load_config(None, ["bf16=true"]).train.mixed_precision == "bf16"
+    assert load_config(None, ["bf16=false"]).train.mixed_precision == "no"
     assert load_config(None, ["fp16=true"]).model.dtype == "float16"
     assert load_config(None, ["use_vllm=true"]).rollout.backend == "vllm"  # TRL's default mode: colocate
     assert load_config(None, ["use_vllm=true", "vllm_mode=server"]).rollout.backend == "vllm-server"
@@ -45,8 +45,8 @@ def test_trl_names_in_a_yaml_file(tmp_path):
     p = tmp_path / "trl.yaml"
     p.write_text("bf16: true\nscale_rewards: false\nrewards: [math, format]\nreward_weights: [1.0, 0.1]\n")
     cfg = load_config(p)
-    assert (cfg.model.dtype, cfg.algo.scale_rewards, [r.weight for r in cfg.rewards]) == (
-        "bfloat16",
+    assert (cfg.train.mixed_precision, cfg.algo.scale_rewards, [r.weight for r in cfg.rewards]) == (
+        "bf16",
         "none",
         [1.0, 0.1],
     )
@@ -64,7 +64,7 @@ def test_trl_names_in_a_yaml_file(tmp_path):
         ("sync_ref_model=true", "has no rlvr equivalent"),
         ("vllm_server_port=8000", "rollout.engine_options"),
         ("push_to_hub=true", "push_to_hub (a transformers TrainingArguments option) has no rlvr equivalent"),
-        ("optim=sgd", "train.optim: Input should be 'adamw_torch' or 'adamw_torch_8bit'"),  # kept name, rlvr's choices
+        ("optim=sgd", "train.optim: Input should be 'adamw_torch_fused', 'adamw_torch' or 'adamw_torch_8bit'"),  # kept name, rlvr's choices
         ("warmup_steps=6", "set train.warmup_ratio=warmup_steps/max_steps"),
     ],
 )
