@@ -155,6 +155,12 @@ def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, run_dir: P
     from rlvr.rollout import engine_class, make_engine
 
     options = dict(cfg.rollout.engine_options)
+    on_gpu = next(model.parameters()).device.type == "cuda"
+    if cfg.train.mixed_precision == "bf16" and cfg.rollout.backend == "native" and on_gpu:
+        # On a GPU, sample at the precision the policy trains in (as TRL's bf16 generation does). On CPU the
+        # float32 C decode kernel stays: it measured ~8x less CPU time than the bf16 PyTorch decoder on a 25M
+        # Llama (engine_options.compute_dtype=bfloat16 still asks for the latter).
+        options.setdefault("compute_dtype", "bfloat16")
     if "export_dir" in inspect.signature(engine_class(cfg.rollout.backend, options)).parameters:
         options.setdefault("export_dir", str(run_dir / "policy-exports"))  # a reloading server's policy exports
         Path(options["export_dir"]).mkdir(parents=True, exist_ok=True)

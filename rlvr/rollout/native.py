@@ -95,16 +95,36 @@ def _plain(module) -> bool:
     return type(module) is torch.nn.Linear
 
 
-def _linear(module):
+def _cast(t, dtype):
+    """A request-long copy of a live parameter in the compute dtype (the tensor itself when it already is)."""
+    return t if t is None or dtype is None or t.dtype == dtype else t.detach().to(dtype)
+
+
+def _linear(module, dtype=None):
     """``F.linear`` on a plain ``nn.Linear``'s live parameters (skips ``Module.__call__``); anything
-    else (a LoRA / quantised wrapper) is called as the module it is."""
+    else (a LoRA / quantised wrapper) is called as the module it is. ``dtype``: compute in that dtype
+    (weights cast once per request)."""
     if _plain(module):
-        weight, bias = module.weight, module.bias
+        weight, bias = _cast(module.weight, dtype), _cast(module.bias, dtype)
         return lambda x: F.linear(x, weight, bias)
-    return module
+    return _in_dtype(module, dtype)
 
 
-def _fused_linear(modules):
+def _in_dtype(module, dtype):
+    """A wrapped module (LoRA, an unusual MLP) on activations of ``dtype``: called under autocast to that
+    dtype, so its own float32 weights meet bf16 inputs the way the trainer's autocast runs them."""
+    param = next(module.parameters(), None)
+    if dtype is None or param is None or param.dtype == dtype:
+        return module
+
+    def call(*args):
+        with torch.autocast(param.device.type, dtype):
+            return module(*args).to(dtype)
+
+    return call
+
+
+def _fused_linear(modules, dtype=None):
     """One ``F.linear`` computing ``cat([m(x) for m in modules], -1)`` when every module is a plain
     ``nn.Linear``: their live weights (and biases, zeros where a module has none) concatenated once.
     The copy is made per ``generate`` call, during which the policy does not change, and costs a
@@ -115,20 +135,22 @@ def _fused_linear(modules):
     CPU dispatch overhead."""
     if not all(_plain(m) and m.weight.device.type == "cpu" for m in modules):
         return None
-    weight = torch.cat([m.weight for m in modules], dim=0)
+    weight = _cast(torch.cat([m.weight for m in modules], dim=0), dtype)
     if all(m.bias is None for m in modules):
         return lambda x: F.linear(x, weight)
     bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in modules])
+    bias = _cast(bias, dtype)
     return lambda x: F.linear(x, weight, bias)
 
 
-def _residual_linear(module):
+def _residual_linear(module, dtype=None):
     """``(x, h) -> x + module(h)`` for 2-D activations; one ``addmm`` (matmul and residual add in
     one kernel) when the module is a plain bias-free ``nn.Linear``."""
     if _plain(module) and module.bias is None:
-        weight_t = module.weight.t()
+        weight_t = _cast(module.weight, dtype).t()
         return lambda x, h: torch.addmm(x, h, weight_t)
-    return lambda x, h: x + module(h)
+    linear = _linear(module, dtype)
+    return lambda x, h: x + linear(h)
 
 
 def _rms_norm(module, dtype: torch.dtype):
@@ -154,6 +176,16 @@ def _rms_norm(module, dtype: torch.dtype):
             return x * torch.addcmul(eps_t, norm, norm, value=inv_dim).rsqrt_() * weight
 
         return rms_norm
+    if weight is not None and eps is not None and type(module).__name__ in _PLAIN_RMS_NORMS and weight.dtype != dtype:
+        # Reduced-precision compute over float32 weights: transformers' own order for a model stored in
+        # that dtype (statistics in float32, the normalised activations cast down, then the weight).
+        low_weight = weight.detach().to(dtype)
+
+        def rms_norm_low(x):
+            x32 = x.float()
+            return (x32 * x32.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()).to(dtype) * low_weight
+
+        return rms_norm_low
     return module
 
 
@@ -174,12 +206,12 @@ class _LayerOps:
         self.norm1 = _rms_norm(layer.input_layernorm, dtype)
         self.norm2 = _rms_norm(layer.post_attention_layernorm, dtype)
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-        fused = _fused_linear(projections)
+        fused = _fused_linear(projections, dtype)
         if fused is None:
-            q, k, v = (_linear(m) for m in projections)
+            q, k, v = (_linear(m, dtype) for m in projections)
             fused = lambda h: torch.cat((q(h), k(h), v(h)), dim=-1)
         self.qkv = fused
-        self.attn_out = _residual_linear(attn.o_proj)
+        self.attn_out = _residual_linear(attn.o_proj, dtype)
         self.q_norm = _rms_norm(attn.q_norm, dtype) if hasattr(attn, "q_norm") else None
         self.k_norm = _rms_norm(attn.k_norm, dtype) if hasattr(attn, "k_norm") else None
         act = getattr(mlp, "act_fn", None)
@@ -187,12 +219,13 @@ class _LayerOps:
             act
         ).__name__ in ("SiLUActivation", "SiLU")
         if not plain_silu:
-            self.mlp_out = lambda x, h: x + mlp(h)
+            mlp_in_dtype = _in_dtype(mlp, dtype)
+            self.mlp_out = lambda x, h: x + mlp_in_dtype(h)
             return
-        down = _residual_linear(mlp.down_proj)
-        gate_up = _fused_linear((mlp.gate_proj, mlp.up_proj))
+        down = _residual_linear(mlp.down_proj, dtype)
+        gate_up = _fused_linear((mlp.gate_proj, mlp.up_proj), dtype)
         if gate_up is None:
-            gate, up = _linear(mlp.gate_proj), _linear(mlp.up_proj)
+            gate, up = _linear(mlp.gate_proj, dtype), _linear(mlp.up_proj, dtype)
             self.mlp_out = lambda x, h: down(x, F.silu(gate(h)) * up(h))
             return
         inter = mlp.gate_proj.out_features
@@ -212,9 +245,12 @@ class LlamaFamilyDecoder:
     Gq = H / Hkv query heads per KV head, D head dim.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, compute_dtype: torch.dtype | None = None):
         lm = _unwrap(model)
         base = lm.model
+        # bfloat16 activations, KV cache and matmuls over request-long bf16 copies of the float32 weights
+        # (mixed precision); the logits return in float32 for the sampler. None: the weights' dtype.
+        self.compute_dtype = compute_dtype
         self.embed, self.layers, self.norm, self.rotary, self.lm_head = (
             base.embed_tokens,
             list(base.layers),
@@ -251,6 +287,7 @@ class LlamaFamilyDecoder:
         valid_BP = mask_BP.bool()
         pos_BP = (mask_BP.cumsum(-1) - 1).clamp(min=0)
         x = self.embed(ids_BP).flatten(0, 1)  # [B·P, E]
+        x = x if self.compute_dtype is None else x.to(self.compute_dtype)
         self.layer_ops = [_LayerOps(layer, x.dtype) for layer in self.layers]
         # RoPE table for every position this request can reach, from the model's own rotary module
         # (so scaled / NTK variants are honoured); the sine's first half is negated so that
@@ -261,7 +298,7 @@ class LlamaFamilyDecoder:
         self.rope_SR = torch.cat((cos_SD, sin_signed_SD), dim=-1)  # R = 2D
         self.final_norm, self.head = (
             _rms_norm(self.norm, x.dtype),
-            _linear(self.lm_head),
+            _linear(self.lm_head, x.dtype),
         )
         self.embed_weight = self.embed.weight if type(self.embed) is torch.nn.Embedding else None
         cos_Q1D = cos_SD[pos_BP].flatten(0, 1)[:, None]  # Q = B·P
@@ -302,7 +339,10 @@ class LlamaFamilyDecoder:
         self.key_bias_XS = key_bias_NS.repeat_interleave(Hkv, dim=0)  # X = N·Hkv
         self.pos_N = mask_BP.sum(-1).repeat_interleave(n, dim=0)  # next position = prompt length
         self.cur = P
-        return self.lm_head(self.norm(x.view(B, P, -1)[:, -1]))
+        last_BE = x.view(B, P, -1)[:, -1]
+        if self.compute_dtype is None:
+            return self.lm_head(self.norm(last_BE))
+        return self.head(self.final_norm(last_BE)).float()
 
     def decode(self, token_M: torch.Tensor) -> torch.Tensor:
         """Append one token per row; returns logits_MV.
@@ -318,6 +358,7 @@ class LlamaFamilyDecoder:
         M, s = token_M.shape[0], self.cur
         H, Hkv, Gq, D = self.H, self.Hkv, self.Gq, self.D
         x = F.embedding(token_M, self.embed_weight) if self.embed_weight is not None else self.embed(token_M)  # [M, E]
+        x = x if self.compute_dtype is None else x.to(self.compute_dtype)
         rope_M1R = self.rope_SR.index_select(0, self.pos_N)[:, None]  # one gather for cos and sin
         cos_M1D, sin_M1D = rope_M1R[..., :D], rope_M1R[..., D:]
         # Grouped-query attention without expanding K/V: the Gq query heads that share a KV head are
@@ -339,12 +380,15 @@ class LlamaFamilyDecoder:
             k_XKD = kc[:, :, :K].flatten(0, 1)
             v_XKD = vc[:, :, :K].flatten(0, 1)
             scores_XGK = torch.baddbmm(bias_X1K, q_XGD, k_XKD.transpose(1, 2), alpha=self.scale)
-            o_XGD = torch.bmm(scores_XGK.softmax(dim=-1), v_XKD)
+            # Softmax in float32 for a reduced-precision cache (transformers' eager attention does the same).
+            probs_XGK = scores_XGK.softmax(dim=-1) if x.dtype == torch.float32 else (
+                scores_XGK.softmax(dim=-1, dtype=torch.float32).to(x.dtype))
+            o_XGD = torch.bmm(probs_XGK, v_XKD)
             x = ops.attn_out(x, o_XGD.view(M, H * D))
             x = ops.mlp_out(x, ops.norm2(x))
         self.cur += 1
         self.pos_N = self.pos_N + 1
-        return self.head(self.final_norm(x))
+        return self.head(self.final_norm(x)).float()
 
     def select(self, rows_M: torch.Tensor) -> None:
         """Keep only ``rows_M`` (one gather per cache tensor)."""
@@ -446,6 +490,11 @@ class NativeEngine:
         under load: a 64x96x96 matmul took 0.7 ms on 1 thread, 12 ms on 2). The previous setting is
         restored after each call, so the trainer's forward/backward keep their threads.
       eos_token_ids: override the model's EOS ids.
+      compute_dtype: None (the weights' dtype) or "bfloat16": the fast PyTorch decoder runs activations,
+        KV cache and matmuls in bf16 over copies of the float32 weights made once per request (the
+        trainer's ``train.mixed_precision=bf16`` sets it); logits return to float32 for sampling. Models
+        without the fast path, and the C kernel (float32 only), are not affected by it: the request then
+        runs in float32 and ``describe`` says so.
     """
 
     samples_live_policy = True
@@ -463,8 +512,12 @@ class NativeEngine:
         sync_every: int | None = None,
         cpu_threads: int | str = "auto",
         cpu_kernel: bool | None = None,
+        compute_dtype: str | None = None,
     ):
         self.model = model
+        if compute_dtype not in (None, "float32", "bfloat16"):
+            raise ValueError(f"compute_dtype must be None, 'float32' or 'bfloat16', got {compute_dtype!r}.")
+        self.compute_dtype = None if compute_dtype in (None, "float32") else torch.bfloat16
         self.tokenizer = tokenizer
         self.eos_ids = resolve_eos_ids(model, tokenizer, eos_token_ids)
         self.pad_id = resolve_pad_id(tokenizer, self.eos_ids)
@@ -496,7 +549,14 @@ class NativeEngine:
         self.last_decoder: str | None = None
 
     def _decoder(self):
-        return LlamaFamilyDecoder(self.model) if self.fast_path else HFCacheDecoder(self.model)
+        if self.fast_path:
+            return LlamaFamilyDecoder(self.model, self._low_precision())
+        return HFCacheDecoder(self.model)
+
+    def _low_precision(self) -> torch.dtype | None:
+        """The bf16 compute dtype when it applies: asked for, and the weights are wider."""
+        weights = _unwrap(self.model).lm_head.weight.dtype
+        return self.compute_dtype if self.compute_dtype is not None and weights == torch.float32 else None
 
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingParams) -> list[Completion]:
         validate_request(prompt_ids, n, sampling)
@@ -615,6 +675,8 @@ class NativeEngine:
             why = "the model has no fast path (generic Hugging Face cache decoder)"
         elif sampler.filtered or sampler.use_penalty:
             why = "top-k / top-p / min-p / repetition penalty are sampled by the PyTorch decoder"
+        elif self._low_precision() is not None:
+            why = "bfloat16 compute (compute_dtype) runs in the PyTorch decoder; the kernel is float32"
         else:
             why = cpu_kernel.unsupported(_unwrap(self.model)) or cpu_kernel.load()[1] or None
             if why is None and self.cpu_kernel is None and cpu_kernel.sgemm_pointers()[0] is None:
@@ -638,6 +700,8 @@ class NativeEngine:
             matmul = "BLAS sgemm_" if cpu_kernel.sgemm_pointers()[0] is not None else "portable matmul loop (slow)"
             return f"native engine: C decode kernel ({matmul})"
         decoder = "PyTorch fast decoder" if self.fast_path else "PyTorch generic (Hugging Face cache) decoder"
+        if self.fast_path and self._low_precision() is not None:
+            decoder += " in bfloat16"
         return f"native engine: {decoder}, not the C kernel: {why_not}"
 
     def _sample_kernel(self, ids_BP, mask_BP, n, sampling, generator, workers):

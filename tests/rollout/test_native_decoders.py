@@ -190,7 +190,7 @@ def test_unfused_projections_equal_hf_forward(monkeypatch):
     concatenated weight copy; that path (forced here on CPU) must give the same logits."""
     import rlvr.rollout.native as native
 
-    monkeypatch.setattr(native, "_fused_linear", lambda modules: None)
+    monkeypatch.setattr(native, "_fused_linear", lambda modules, dtype=None: None)
     model, tok = tiny_model("qwen2", seed=6)  # q/k/v biases, GQA
     model.eval()
     prompts = [tok.encode("12+30="), tok.encode("7*6=")]
