@@ -6,11 +6,12 @@ No registries: anyone copying the loop can swap one of these. What the run write
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -92,6 +93,28 @@ def load_model(cfg: Config, device: torch.device, trainable: bool = True) -> tor
         )
     model.train()
     return model
+
+
+def update_threads(cfg: Config, model: torch.nn.Module, device: torch.device) -> int | None:
+    """``train.update_threads`` resolved for this model: None keeps torch's setting."""
+    setting = cfg.train.update_threads
+    if setting != "auto":
+        return setting
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+    return 1 if device.type == "cpu" and hidden is not None and hidden < 512 else None
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``threads`` within the block (no-op for None), restored after."""
+    previous = torch.get_num_threads()
+    if threads is not None and threads != previous:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != previous:
+            torch.set_num_threads(previous)
 
 
 def build_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:

@@ -23,7 +23,7 @@ import torch
 from rlvr import core, distributed, memory, policy_logprobs
 from rlvr.batch import LogProbs, PackedBatch, Rollouts, batch_metrics, completion_records, pack
 from rlvr.builders import (build_engine, build_loss_settings, build_optimizer, build_scheduler, load_model,
-                           load_tokenizer)
+                           load_tokenizer, torch_threads, update_threads)
 from rlvr.checkpoint import resume_run, save_final, save_run
 from rlvr.config import Config
 from rlvr.console import Console
@@ -61,6 +61,7 @@ class Run:
     group_filter: GroupFilter | None  # DAPO dynamic sampling / prompt skipping; None when both are off
     logger: MetricLogger | None  # rank 0 only
     console: Console
+    update_threads: int | None  # torch threads of the trainer's passes (train.update_threads resolved)
     timer: PhaseTimer = field(default_factory=memory.PhaseMeter)  # timing/<phase>, memory/peak_<phase>
     step: int = 0  # optimizer steps taken
     generation: int = 0  # generation batches sampled (seeds sampling: resumable)
@@ -322,7 +323,7 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
                     if cfg.dapo.dynamic_sampling or cfg.dapo.skip_solved_prompts else None)
     return Run(cfg, run_dir, dist, device, model, policy, ref_model, tokenizer, engine, reward_fns, stream, optimizer,
                scheduler, diagnostics, group_filter, MetricLogger(run_dir, cfg, console.warn) if dist.is_main else None,
-               console)
+               console, update_threads(cfg, model, device))
 
 
 def maybe_resume(run: Run) -> None:
@@ -369,10 +370,10 @@ def _train(cfg: Config, console: Console) -> dict:
         with run.timer("advantage"):
             adv_N = advantage(run, batch)
         packed = pack(batch, run.tokenizer.pad_token_id, run.device)
-        with run.timer("logprobs"):
+        with run.timer("logprobs"), torch_threads(run.update_threads):
             logps = logprobs(run, packed, torch.tensor(batch.truncated_N(), device=run.device))
         step_before = run.step
-        with run.timer("update"):
+        with run.timer("update"), torch_threads(run.update_threads):
             step_metrics = update(run, packed, adv_N.to(run.device), logps)
         with run.timer("sync"):
             sync(run)
