@@ -16,7 +16,8 @@ time on the same sampled completions' prompts:
 For each: sampled completions at temperature 1 with no filters (llama-cpp-python's log-probs are
 ``log_softmax`` of the raw logits, so that is where they are comparable), |server - trainer| per
 token, and greedy agreement. Then, on ``q4_1``, what llama-cpp-python reports at the config's
-temperature 0.7 against the trainer's log-prob at 0.7 (its log-probs ignore the temperature). And
+temperature 0.7 against the trainer's at 1 and at 0.7 (its log-probs ignore the temperature; the
+engine therefore reports none there). And
 the tokenizer: every id's piece as the server renders it, mapped back to an id the way the engine does.
 
     rlvr models get smollm2                      # once
@@ -26,6 +27,7 @@ the tokenizer: every id's piece as the server renders it, mapped back to an id t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -43,7 +45,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from rlvr.core import token_logprobs  # noqa: E402
 from rlvr.models.gguf import fetch_gguf, get_model  # noqa: E402
 from rlvr.rollout import SamplingParams, make_engine  # noqa: E402
-from rlvr.rollout.openai import _piece_ids  # noqa: E402
+from rlvr.rollout.openai import _piece_ids, choice_ids  # noqa: E402
 from rlvr.tasks.prompts import encode_prompts  # noqa: E402
 
 QUESTIONS = [f"What is {a} {op} {b}? Put the final answer in \\boxed{{}}." for a, op, b in
@@ -69,19 +71,38 @@ def measure(engine, model, prompts, args) -> dict:
     out = engine.generate(prompts, args.samples, sampling)
     gen_s = time.monotonic() - t0
     with_lp = [c for c in out if c.logprobs is not None and c.token_ids]
-    diffs = [torch.tensor(c.logprobs) - trainer_logprobs(model, prompts[c.prompt_index], c.token_ids) for c in with_lp]
+    diffs = []
+    for c in with_lp:  # a restored EOS has no reported log-prob (NaN): compare the tokens the server scored
+        d = torch.tensor(c.logprobs) - trainer_logprobs(model, prompts[c.prompt_index], c.token_ids)
+        diffs.append(d[~d.isnan()])
     seq = torch.stack([d.sum() for d in diffs])  # the sequence-level log-ratio GSPO-style corrections see
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     served = engine.generate(prompts, 1, greedy)
     ref = make_engine("hf", model, engine.tokenizer).generate(prompts, 1, greedy)
-    eos = set(engine.eos_ids)
     agree = []
     for s, r in zip(served, ref):
-        r_ids = [t for t in r.token_ids if t not in eos]
-        n = next((i for i, (a, b) in enumerate(zip(s.token_ids, r_ids)) if a != b), min(len(s.token_ids), len(r_ids)))
-        agree.append({"equal": s.token_ids == r_ids, "common_prefix": n, "served_len": len(s.token_ids)})
+        n = next((i for i, (a, b) in enumerate(zip(s.token_ids, r.token_ids)) if a != b),
+                 min(len(s.token_ids), len(r.token_ids)))
+        agree.append({"equal": s.token_ids == r.token_ids, "common_prefix": n, "served_len": len(s.token_ids)})
     return {"completions": len(out), "with_logprobs": len(with_lp), "generate_s": round(gen_s, 1),
+            "ended_with_restored_eos": sum(c.finish_reason == "stop" for c in out),
             "abs_logp_diff": stats(torch.cat(diffs)), "abs_seq_logratio": stats(seq), "greedy": agree}
+
+
+def raw_logprobs_at(engine, model, prompts, temperature: float, args) -> dict:
+    """llama-cpp-python's own log-probs for tokens sampled at ``temperature`` (the engine drops them, as
+    they are log_softmax of the raw logits), against the trainer's at temperature 1 and at ``temperature``."""
+    sampling = SamplingParams(temperature=temperature, max_tokens=args.max_tokens, seed=7)
+    at_1, at_t = [], []
+    for i, prompt in enumerate(prompts):
+        for choice in engine.request_dialect.choices(engine.client, engine.model_name, engine.tokenizer, prompt,
+                                                     args.samples, dataclasses.replace(sampling, seed=7 + 100 * i)):
+            ids, lp = choice_ids(choice, engine.tokenizer)
+            if lp is None or not ids:
+                continue
+            at_1.append(torch.tensor(lp) - trainer_logprobs(model, prompt, ids))
+            at_t.append(torch.tensor(lp) - trainer_logprobs(model, prompt, ids, temperature))
+    return {"vs_trainer_at_T1": stats(torch.cat(at_1)), f"vs_trainer_at_T{temperature}": stats(torch.cat(at_t))}
 
 
 def main() -> None:
@@ -128,12 +149,7 @@ def main() -> None:
                                      dialect="llama-cpp-python")
                 result[name] = measure(engine, model, prompts, args)
                 if name == "q4_1":
-                    # llama-cpp-python reports log_softmax(raw logits) whatever the temperature.
-                    out = engine.generate(prompts, args.samples, SamplingParams(temperature=0.7,
-                                                                                max_tokens=args.max_tokens, seed=7))
-                    d = [torch.tensor(c.logprobs) - trainer_logprobs(model, prompts[c.prompt_index], c.token_ids, 0.7)
-                         for c in out if c.logprobs is not None and c.token_ids]
-                    result["q4_1_reported_at_T0.7_vs_trainer_T0.7"] = stats(torch.cat(d)) if d else None
+                    result["q4_1_raw_logprobs_sampled_at_T0.7"] = raw_logprobs_at(engine, model, prompts, 0.7, args)
             finally:
                 stop(pid)
             print(json.dumps({name: result.get(name)}), file=sys.stderr)

@@ -65,6 +65,18 @@ def engine(smollm2_server, model_and_tok):
     return make_engine("openai", model, tok, base_url=smollm2_server.base_url + "/v1", dialect="llama-cpp-python")
 
 
+def test_models_get_names_the_served_file(smollm2_gguf, smollm2_dir):
+    """`rlvr models get smollm2 --gguf` prints the file to serve; the folder the trainer loads was made from it."""
+    from typer.testing import CliRunner
+
+    from rlvr.cli import app
+    from rlvr.models.gguf import file_sha256
+
+    res = CliRunner().invoke(app, ["models", "get", "smollm2", "--gguf"])
+    assert res.exit_code == 0 and res.output.strip().splitlines()[-1] == str(smollm2_gguf)
+    assert file_sha256(smollm2_gguf) in (smollm2_dir / "SOURCE.txt").read_text()
+
+
 def test_chat_prompts_round_trip_through_the_server_tokenizer(smollm2_server, model_and_tok):
     """What the engine sends (the prompt ids decoded with special tokens kept) is tokenized by the server
     into exactly the ids rlvr's tokenizer made, special tokens included; the server's detokenize gives
