@@ -80,8 +80,8 @@ def measure(engine, model, prompts, args) -> dict:
     served = engine.generate(prompts, 1, greedy)
     ref = make_engine("hf", model, engine.tokenizer).generate(prompts, 1, greedy)
     agree = []
-    for s, r in zip(served, ref):
-        n = next((i for i, (a, b) in enumerate(zip(s.token_ids, r.token_ids)) if a != b),
+    for s, r in zip(served, ref, strict=True):
+        n = next((i for i, (a, b) in enumerate(zip(s.token_ids, r.token_ids, strict=False)) if a != b),
                  min(len(s.token_ids), len(r.token_ids)))
         agree.append({"equal": s.token_ids == r.token_ids, "common_prefix": n, "served_len": len(s.token_ids)})
     return {"completions": len(out), "with_logprobs": len(with_lp), "generate_s": round(gen_s, 1),

@@ -38,9 +38,10 @@ filter is sent explicitly.
 It returns no token ids; they are recovered from the per-token pieces in ``logprobs.tokens`` when
 each piece re-tokenizes to exactly one token (always true for character-level vocabularies; for
 SmolLM2's byte-level BPE, 48,772 of its 49,152 tokens render a piece no other token renders, and
-each maps back to its id; the others, special tokens rendered as "" and bytes of a split UTF-8
-character, make that completion fall back to re-tokenizing its text, log-probs dropped unless the
-lengths agree). Its log-probs are ``log_softmax`` of the raw logits (temperature 1, before any
+each maps back to its id; the others, special tokens rendered as "", bytes of a split UTF-8
+character, and tokens longer than the 32-byte buffer of llama-cpp-python 0.3.36's ``detokenize``
+(rendered as "" in the text too), make that completion fall back to re-tokenizing its text, log-probs
+dropped unless the lengths agree). Its log-probs are ``log_softmax`` of the raw logits (temperature 1, before any
 filter), so they are kept only when that is the sampling distribution (temperature 1 or greedy, no
 filter or penalty), else reported as None. The EOS token that ends a completion is not returned (no
 piece, no log-prob): the engine puts the policy's EOS back, with a NaN log-prob, when the server says

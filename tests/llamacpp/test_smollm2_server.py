@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
@@ -83,7 +82,7 @@ def test_chat_prompts_round_trip_through_the_server_tokenizer(smollm2_server, mo
     the text rlvr's tokenizer decodes (both drop special tokens when rendering)."""
     _, tok = model_and_tok
     im_start, im_end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
-    for messages, ids in zip(CONVERSATIONS, encode_prompts(tok, CONVERSATIONS)):
+    for messages, ids in zip(CONVERSATIONS, encode_prompts(tok, CONVERSATIONS), strict=True):
         served = post(smollm2_server, "/extras/tokenize", {"input": tok.decode(ids, skip_special_tokens=False)})
         assert served["tokens"] == ids, messages
         assert ids.count(im_start) == ids.count(im_end) + 1 == len(messages) + 1 + (messages[0]["role"] != "system")

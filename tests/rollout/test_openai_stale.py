@@ -130,7 +130,9 @@ def test_llama_cpp_python_engine_restores_the_eos_and_drops_log_probs_of_other_d
                       "logprobs": {"tokens": ["1", "2"], "token_logprobs": [-0.5, -0.25]}}
             return {"usage": {"prompt_tokens": 4}, "choices": [choice]}
 
-    engine = make_engine("openai", model, tok, base_url="http://127.0.0.1:9", model_name="m", dialect="llama-cpp-python")
+    engine = make_engine(
+        "openai", model, tok, base_url="http://127.0.0.1:9", model_name="m", dialect="llama-cpp-python"
+    )
     engine.client = StubClient()
     prompt = [tok.encode("1+2=")]
     [c] = engine.generate(prompt, 1, SamplingParams(temperature=1.0, max_tokens=4))
