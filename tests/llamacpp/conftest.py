@@ -1,4 +1,5 @@
-"""Fixtures for the real llama.cpp tests: the shipped tiny model as GGUF, served by llama-cpp-python.
+"""Fixtures for the real llama.cpp tests: the shipped tiny model exported as GGUF, and SmolLM2-135M-Instruct's
+own GGUF file, served by llama-cpp-python.
 
 Optional extra: ``pip install gguf "llama-cpp-python[server]"``; without it these tests skip.
 """
