@@ -25,6 +25,8 @@ from rlvr.rollout.openai import _piece_ids, choice_ids
 from rlvr.tasks.prompts import encode_prompts
 
 pytestmark = [pytest.mark.llamacpp, pytest.mark.slow]
+# Before any fixture fetches the model: without the optional extra the whole module skips at once.
+llama_cpp = pytest.importorskip("llama_cpp")
 
 QUESTIONS = [
     f"What is {a} {op} {b}? Put the final answer in \\boxed{{}}."
@@ -116,8 +118,6 @@ def test_every_token_piece_maps_back_to_its_id(smollm2_gguf, model_and_tok):
     one derived from rlvr's tokenizer, and every piece that no other token shares recovers its id. The
     rest are the special tokens (rendered "") and pieces of split UTF-8 characters; the count is derived
     from the tokenizer, not from the server."""
-    import llama_cpp
-
     _, tok = model_and_tok
     vocab = llama_cpp.Llama(str(smollm2_gguf), vocab_only=True, verbose=False)
     assert vocab.n_vocab() == len(tok) == 49152
