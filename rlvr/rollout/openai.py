@@ -36,9 +36,17 @@ the server (checked: ``usage.prompt_tokens`` must equal the prompt's length, els
 requests are sent per prompt with seeds ``s, s+1, ...`` (``s`` the prompt's stream seed, below), and every
 filter is sent explicitly.
 It returns no token ids; they are recovered from the per-token pieces in ``logprobs.tokens`` when
-each piece re-tokenizes to exactly one token (always true for character-level vocabularies). Its
-log-probs are ``log_softmax`` of the raw logits (temperature 1, before any filter), and the EOS token
-that ends a completion is not returned (no id, no log-prob), so such completions end without it.
+each piece re-tokenizes to exactly one token (always true for character-level vocabularies; for
+SmolLM2's byte-level BPE, 48,772 of its 49,152 tokens render a piece no other token renders, and
+each maps back to its id; the others, special tokens rendered as "", bytes of a split UTF-8
+character, and tokens longer than the 32-byte buffer of llama-cpp-python 0.3.36's ``detokenize``
+(rendered as "" in the text too), make that completion fall back to re-tokenizing its text, log-probs
+dropped unless the lengths agree). Its log-probs are ``log_softmax`` of the raw logits (temperature 1, before any
+filter), so they are kept only when that is the sampling distribution (temperature 1 or greedy, no
+filter or penalty), else reported as None. The EOS token that ends a completion is not returned (no
+piece, no log-prob): the engine puts the policy's EOS back, with a NaN log-prob, when the server says
+it stopped and no stop string did (llama.cpp also ends on other end-of-generation tokens, such as
+``<|endoftext|>`` for SmolLM2, which are then recorded as the policy's EOS).
 
 Seeds: prompt ``i`` of a request seeded ``seed`` is sent ``stream_seed(seed, i·n)`` (rlvr.rollout.common),
 and a server seeds its ``j``-th choice ``+ j`` (vLLM does), so no two completions of a run share a noise
@@ -46,7 +54,8 @@ stream. Greedy requests ask one completion per prompt and repeat it: greedy is d
 refuses ``n > 1`` with it (HTTP 400).
 
 Log-prob semantics depend on the server: vLLM reports raw (pre-temperature) log-probs unless started
-with ``--logprobs-mode processed_logprobs``; llama-cpp-python reports raw log-probs (above);
+with ``--logprobs-mode processed_logprobs``; llama-cpp-python reports raw log-probs (kept only where
+they are the sampler's, above);
 llama.cpp's own ``llama-server`` reports post-sampling probabilities. The mismatch metrics
 (rlvr.rollout.mismatch) show how far they are from the trainer's.
 """
@@ -55,6 +64,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shlex
 import shutil
@@ -135,6 +145,14 @@ class CompletionsClient:
 class OpenAIDialect:
     """vLLM, SGLang, TGI, llama.cpp's llama-server: token-id prompts, ``n`` choices in one request."""
 
+    #: The EOS that ends a completion is in the returned tokens (vLLM, llama-server return it).
+    returns_eos = True
+
+    def logprobs_follow(self, sampling: SamplingParams) -> bool:
+        """Whether the reported log-probs are the sampling distribution's (the server's own setting,
+        e.g. vLLM's ``--logprobs-mode``; the mismatch metrics show it when they are not)."""
+        return True
+
     def choices(
         self, client: CompletionsClient, model_name: str, tokenizer, prompt: list[int], n: int, sampling: SamplingParams
     ) -> list[dict]:
@@ -167,6 +185,17 @@ class OpenAIDialect:
 class LlamaCppPythonDialect:
     """``python -m llama_cpp.server`` (0.3.x): a text prompt, one choice per request, every filter explicit
     (its defaults filter), its own name for the repetition penalty (see the module docstring)."""
+
+    #: Its generation loop breaks on an end-of-generation token before recording it (no piece, no log-prob).
+    returns_eos = False
+
+    def logprobs_follow(self, sampling: SamplingParams) -> bool:
+        """Its log-probs are ``log_softmax`` of the raw logits (``Llama.logits_to_logprobs(self._scores)``),
+        whatever the temperature and filters: the sampling distribution's only for plain sampling at
+        temperature 1, or greedy (whose log-probs are defined at temperature 1). Otherwise they are a
+        different distribution's, and an importance weight built on them would be wrong, not stale."""
+        plain = sampling.top_p == 1.0 and sampling.top_k <= 0 and sampling.min_p == 0.0
+        return sampling.temperature in (0.0, 1.0) and plain and sampling.repetition_penalty == 1.0
 
     def choices(
         self, client: CompletionsClient, model_name: str, tokenizer, prompt: list[int], n: int, sampling: SamplingParams
@@ -361,7 +390,11 @@ class OpenAICompletionsEngine:
 
     def describe(self, sampling: SamplingParams) -> str:
         reload = f", reloaded every {self.reload_every} steps" if self.reload_every else ", never reloaded"
-        return f"openai engine: {self.base_url} serving {self.model_name!r} (its own weights{reload})"
+        dropped = ""
+        if not self.request_dialect.logprobs_follow(sampling):
+            dropped = (f"; its log-probs are not reported: {self.dialect} gives them at temperature 1 before any "
+                       "filter, not for this sampling, so no importance correction")
+        return f"openai engine: {self.base_url} serving {self.model_name!r} (its own weights{reload}){dropped}"
 
     @property
     def policy_lag(self) -> int:
@@ -388,20 +421,23 @@ class OpenAICompletionsEngine:
                 f"openai engine: asked for n={n_request} completions, the server returned {len(choices)}."
             )
         eos = set(self.eos_ids)
+        keep_logprobs = self.request_dialect.logprobs_follow(sampling)
         out = []
         for choice in choices:
-            ids, logprobs, hit_eos = cut_at_eos(*choice_ids(choice, self.tokenizer), eos)
-            completion = make_completion(
-                index,
-                ids,
-                logprobs,
-                hit_eos,
-                self.tokenizer,
-                sampling.stop,
-                extra={"policy_lag": self.policy_lag, "server_finish_reason": choice.get("finish_reason")},
-            )
+            ids, logprobs = choice_ids(choice, self.tokenizer)
+            ids, logprobs, hit_eos = cut_at_eos(ids, logprobs if keep_logprobs else None, eos)
+            extra = {"policy_lag": self.policy_lag, "server_finish_reason": choice.get("finish_reason")}
+            completion = make_completion(index, ids, logprobs, hit_eos, self.tokenizer, sampling.stop, extra=extra)
             # A server may stop on its own EOS list (e.g. the GGUF's) that we do not know about.
             if not hit_eos and choice.get("finish_reason") == "stop" and len(ids) < sampling.max_tokens:
+                if completion.finish_reason != "stop" and not self.request_dialect.returns_eos and len(eos) == 1:
+                    # The server ended on the end-of-generation token without returning it. Put the
+                    # policy's EOS back, as every other engine returns it: the trainer's completion mask
+                    # keeps it, and without it a run never reinforces stopping. Its log-prob was not
+                    # reported: NaN, which the importance weights and mismatch metrics skip.
+                    ids = ids + [self.eos_ids[0]]
+                    logprobs = None if logprobs is None else logprobs + [math.nan]
+                    completion = make_completion(index, ids, logprobs, True, self.tokenizer, (), extra=extra)
                 completion.finish_reason = "stop"
             elif choice.get("finish_reason") in ("abort", "error"):
                 completion.finish_reason = choice["finish_reason"]  # a broken sample, not a long one

@@ -1,4 +1,5 @@
-"""Fixtures for the real llama.cpp tests: the shipped tiny model as GGUF, served by llama-cpp-python.
+"""Fixtures for the real llama.cpp tests: the shipped tiny model exported as GGUF, and SmolLM2-135M-Instruct's
+own GGUF file, served by llama-cpp-python.
 
 Optional extra: ``pip install gguf "llama-cpp-python[server]"``; without it these tests skip.
 """
@@ -16,11 +17,11 @@ SHIPPED = Path(__file__).resolve().parents[2] / "rlvr" / "models" / "tiny-arith"
 class LlamaCppServer:
     """A llama-cpp-python server on ``gguf``; ``pid_file`` always names the live one (restarts rewrite it)."""
 
-    def __init__(self, gguf: Path, workdir: Path):
+    def __init__(self, gguf: Path, workdir: Path, **start_options):
         self.gguf, self.port = gguf, free_port()
         self.pid_file, self.log = workdir / "server.pid", workdir / "server.log"
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.pid_file.write_text(str(start(gguf, self.port, self.log)))
+        self.pid_file.write_text(str(start(gguf, self.port, self.log, **start_options)))
 
     def close(self) -> None:
         stop(int(self.pid_file.read_text()))
@@ -100,5 +101,18 @@ def byte_level_server(byte_level_dir, tmp_path):
     from rlvr.rollout.gguf_export import export_llama_gguf
 
     server = LlamaCppServer(export_llama_gguf(byte_level_dir, tmp_path / "byte-level.gguf"), tmp_path)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def smollm2_server(smollm2_gguf, tmp_path_factory):
+    """llama.cpp serving the GGUF file `rlvr models get smollm2` fetched, as shipped (Q4_1), with a float32
+    KV cache; one server for the module. Best effort: a server that cannot start skips these tests."""
+    pytest.importorskip("llama_cpp")
+    try:
+        server = LlamaCppServer(smollm2_gguf, tmp_path_factory.mktemp("smollm2-server"), alias="smollm2", n_ctx=1024)
+    except (RuntimeError, TimeoutError) as e:
+        pytest.skip(f"llama_cpp.server did not start on {smollm2_gguf.name}: {str(e)[:500]}")
     yield server
     server.close()

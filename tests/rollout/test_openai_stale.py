@@ -112,3 +112,44 @@ def test_llama_cpp_python_dialect_request_shape_and_id_recovery():
         LlamaCppPythonDialect().choices(client, "m", tok, tok.encode("1+2"), 1, sampling)
     # Ids re-tokenized from text whose length disagrees with the log-probs: the log-probs are dropped.
     assert choice_ids({"text": "123", "logprobs": {"token_logprobs": [-1.0]}}, tok) == (tok.encode("123"), None)
+
+
+def test_llama_cpp_python_engine_restores_the_eos_and_drops_log_probs_of_other_distributions():
+    """llama-cpp-python's server ends on the end-of-generation token without returning it, and reports
+    log_softmax of the raw logits at any temperature. The engine puts the policy's EOS back (NaN log-prob)
+    only when the server stopped and no stop string did, and keeps log-probs only for temperature 1 or
+    greedy with no filter or penalty."""
+    model, tok = tiny_model("llama")
+    eos = tok.eos_token_id
+
+    class StubClient:
+        finish = "stop"
+
+        def request(self, path, payload=None, timeout=None):
+            choice = {"text": "12", "finish_reason": self.finish,
+                      "logprobs": {"tokens": ["1", "2"], "token_logprobs": [-0.5, -0.25]}}
+            return {"usage": {"prompt_tokens": 4}, "choices": [choice]}
+
+    engine = make_engine(
+        "openai", model, tok, base_url="http://127.0.0.1:9", model_name="m", dialect="llama-cpp-python"
+    )
+    engine.client = StubClient()
+    prompt = [tok.encode("1+2=")]
+    [c] = engine.generate(prompt, 1, SamplingParams(temperature=1.0, max_tokens=4))
+    assert c.token_ids == tok.encode("12") + [eos] and c.finish_reason == "stop" and c.text == "12"
+    assert c.logprobs[:2] == [-0.5, -0.25] and len(c.logprobs) == 3 and c.logprobs[2] != c.logprobs[2]  # NaN
+    # Stopped by a stop string: the server's "stop" is not an EOS, nothing is appended.
+    [c] = engine.generate(prompt, 1, SamplingParams(temperature=1.0, max_tokens=4, stop=("2",)))
+    assert c.token_ids == tok.encode("12") and c.finish_reason == "stop"
+    # Ended by the length limit: no EOS either.
+    engine.client.finish = "length"
+    [c] = engine.generate(prompt, 1, SamplingParams(temperature=1.0, max_tokens=2))
+    assert c.token_ids == tok.encode("12") and c.finish_reason == "length" and c.logprobs == [-0.5, -0.25]
+    # Any other sampling distribution: the raw log-probs are not the sampler's, so none are reported.
+    for sampling in (SamplingParams(temperature=0.7, max_tokens=2), SamplingParams(top_k=5, max_tokens=2),
+                     SamplingParams(min_p=0.1, max_tokens=2), SamplingParams(repetition_penalty=1.1, max_tokens=2)):
+        [c] = engine.generate(prompt, 1, sampling)
+        assert c.token_ids == tok.encode("12") and c.logprobs is None
+        assert "log-probs are not reported" in engine.describe(sampling)
+    [c] = engine.generate(prompt, 1, SamplingParams(temperature=0.0, max_tokens=2))
+    assert c.logprobs == [-0.5, -0.25] and "not reported" not in engine.describe(SamplingParams(temperature=0.0))
