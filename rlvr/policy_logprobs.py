@@ -6,14 +6,28 @@ weight go to :func:`rlvr.core.head_logprobs`, which computes the log-probs (and 
 at a time. Architectures whose forward changes the logits after the head (Gemma 2/3 soft-capping,
 Granite's and Cohere's logit scaling) or whose head is not a plain ``nn.Linear`` (a LoRA-adapted head)
 take the plain path: full logits, then :func:`rlvr.core.token_logprobs`.
+
+Shared-prompt forward (``shared_prompt=True``): the G completions of a group are G rows with the same prompt.
+A causal model's prompt states do not depend on what follows, so the prompt is run once per distinct prompt of
+the micro-batch and its per-layer keys and values are handed to the completion rows as a cache
+(``index_select`` by row: differentiable, so each completion's gradient flows back into the one prompt pass and
+the G contributions add up there). Loss and gradients are those of G separate forwards; the prompt's matmuls
+run once instead of G times, i.e. a fraction ``(G-1)/G * P / (P + T)`` of the forward and backward FLOPs is
+saved (P prompt, T completion tokens). Attention over the prompt is still paid per completion row, and the
+prompt's K/V are copied to every row (the plain path holds those rows too). Only supported setups take it
+(:func:`shared_prompt_unsupported` says why not); the others, and micro-batches with no repeated prompt, take
+the one-forward path.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+import inspect
+import warnings
+from contextlib import contextmanager, nullcontext
 from typing import Iterator
 
 import torch
+import torch.nn.functional as F
 
 from rlvr import core
 
@@ -76,11 +90,25 @@ def completion_logprobs(
     temperature: float,
     with_entropy: bool = False,
     chunked: bool = True,
+    shared_prompt: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One forward over [prompt | completion] -> log-probs (and detached entropy) of the T completion tokens
-    under ``softmax(logits / temperature)``. Only the last T+1 positions reach the head."""
-    T = completion_ids_NT.shape[1]
+    """Log-probs (and detached entropy) of the T completion tokens under ``softmax(logits / temperature)``.
+
+    Rows are [left-padded prompt | right-padded completion]. The plain path is one forward over all of it, of
+    which only the last T+1 positions reach the head. ``shared_prompt``: one forward per distinct prompt, then
+    the completions against its cached keys and values (module docstring), where supported."""
     head = plain_linear_head(model) if chunked else None
+    if shared_prompt:
+        reason = shared_prompt_unsupported(model)
+        if reason is None:
+            out = _shared_prompt_logprobs(model, input_ids_NL, attention_mask_NL, position_ids_NL, completion_ids_NT,
+                                          temperature, with_entropy, head)
+            if out is not None:
+                return out
+        elif reason not in _WARNED:
+            _WARNED.add(reason)
+            warnings.warn(f"train.shared_prompt_forward: {reason}; using one forward over prompt and completion.")
+    T = completion_ids_NT.shape[1]
     kwargs = dict(
         input_ids=input_ids_NL,
         attention_mask=attention_mask_NL,
@@ -88,13 +116,132 @@ def completion_logprobs(
         use_cache=False,
         logits_to_keep=T + 1,
     )
+    with _head_passes_hidden_states(head) if head is not None else nullcontext():
+        out_NTX = model(**kwargs).logits[:, :-1, :]  # position t predicts token t+1
+    return _logprobs_from(out_NTX, completion_ids_NT, temperature, with_entropy, head)
+
+
+def _logprobs_from(out_NTX, ids_NT, temperature, with_entropy, head):
+    """The forward's output at the positions that predict ``ids_NT``: final hidden states when ``head`` passed
+    them through (chunked head), else full logits."""
     if head is not None:
-        with _head_passes_hidden_states(head):
-            hidden_NTH = model(**kwargs).logits[:, :-1, :]  # position t predicts token t+1
-        return core.head_logprobs(
-            hidden_NTH, head.weight, completion_ids_NT, temperature, head.bias, with_entropy=with_entropy
-        )
-    logits_NTV = model(**kwargs).logits[:, :-1, :]
-    logp_NT = core.token_logprobs(logits_NTV, completion_ids_NT, temperature=temperature)
-    ent_NT = core.entropy_from_logits(logits_NTV.detach(), temperature=temperature) if with_entropy else None
+        return core.head_logprobs(out_NTX, head.weight, ids_NT, temperature, head.bias, with_entropy=with_entropy)
+    logp_NT = core.token_logprobs(out_NTX, ids_NT, temperature=temperature)
+    ent_NT = core.entropy_from_logits(out_NTX.detach(), temperature=temperature) if with_entropy else None
     return logp_NT, ent_NT
+
+
+# ------------------------------------------------------------------------------ shared-prompt forward
+
+# Architectures whose decoder is all full attention with transformers' standard dynamic cache, checked by
+# tests/train/test_shared_prompt.py to give the one-forward path's log-probs and gradients.
+SHARED_PROMPT_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3"})
+_WARNED: set[str] = set()
+
+
+def shared_prompt_unsupported(model: torch.nn.Module) -> str | None:
+    """Why the shared-prompt forward cannot run on ``model`` as it is now, or None when it can."""
+    from rlvr.fsdp import is_sharded
+
+    if is_sharded(model):
+        # FSDP2 gathers and frees each layer's weights around every forward and registers its backward hooks
+        # per forward; two forwards before one backward is not a pattern rlvr has verified under it.
+        return "not verified under FSDP2 (train.parallelism=fsdp)"
+    inner = _unwrap(model)
+    config = getattr(inner, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SHARED_PROMPT_MODEL_TYPES:
+        return f"model type {model_type!r} is not one it is verified on ({', '.join(sorted(SHARED_PROMPT_MODEL_TYPES))})"
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
+        return "the model has sliding-window layers, whose cache drops old keys"
+    if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
+        return f"attention implementation {config._attn_implementation!r} (verified: sdpa, eager)"
+    checkpointing = getattr(inner, "is_activation_checkpointing", None)  # transformers >= 5; older: the next name
+    if checkpointing is None:
+        checkpointing = getattr(inner, "is_gradient_checkpointing", False)
+    if checkpointing and inner.training and torch.is_grad_enabled():
+        # transformers' checkpointed layers drop the cache argument (their backward replay would write it twice),
+        # so the completions would not see the prompt.
+        return "gradient checkpointing drops the prompt cache inside checkpointed layers"
+    if _cache_classes() is None:
+        return "this transformers version has no layered cache (transformers >= 4.56 with DynamicLayer needed)"
+    return None
+
+
+def _cache_classes():
+    try:
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+    except ImportError:
+        return None
+    return DynamicCache, DynamicLayer
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """transformers 5.24 renamed ``past_key_values`` to ``cache``; take whichever the forward declares."""
+    params = inspect.signature(type(_bare(model)).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _bare(model: torch.nn.Module) -> torch.nn.Module:
+    inner = _unwrap(model)
+    return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+
+
+def _prefix_cache(layers_kv: list[tuple[torch.Tensor, torch.Tensor]]):
+    """A cache that serves fixed prompt keys/values and never grows: ``update`` returns [prompt | new] without
+    storing it, so the cache stays the prompt alone whatever runs through it."""
+    DynamicCache, DynamicLayer = _cache_classes()
+
+    class PrefixLayer(DynamicLayer):
+        def __init__(self, keys, values):
+            super().__init__()
+            self.keys, self.values = keys, values
+            self.device, self.dtype, self.is_initialized = keys.device, keys.dtype, True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+
+    cache = DynamicCache()
+    cache.layers = [PrefixLayer(k, v) for k, v in layers_kv]
+    return cache
+
+
+def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature, with_entropy, head):
+    """The shared-prompt forward (module docstring); None when no prompt repeats (nothing to share)."""
+    N, L = ids_NL.shape
+    T = comp_NT.shape[1]
+    P = L - T
+    prompt_NP, pmask_NP = ids_NL[:, :P], attn_NL[:, :P]
+    # Rows of a group are consecutive: a row whose prompt (ids and padding) equals the previous row's shares its
+    # pass. Decided by content, so a micro-batch that starts or ends inside a group is handled like any other.
+    new_N = torch.ones(N, dtype=torch.bool, device=ids_NL.device)
+    new_N[1:] = ((prompt_NP[1:] != prompt_NP[:-1]) | (pmask_NP[1:] != pmask_NP[:-1])).any(-1)
+    first_U = new_N.nonzero().squeeze(1)  # one host sync per micro-batch (with the two lengths below)
+    if first_U.numel() == N:
+        return None
+    prompt_of_N = new_N.cumsum(0) - 1
+    # All-pad columns change nothing (masked keys; completion pads come after every real token): trim them to
+    # this micro-batch's longest prompt and completion, and skip the last completion token, which predicts nothing.
+    p_len, t_len = pmask_NP.sum(-1).max().item(), attn_NL[:, P:].sum(-1).max().item()
+    t_len = max(1, int(t_len))
+    cols = slice(P - int(p_len), P)
+    key = _cache_kwarg(model)
+    DynamicCache, _ = _cache_classes()
+    with _head_passes_hidden_states(head) if head is not None else nullcontext():
+        # The prompt pass runs through the bare model: under DDP, the completion pass below is the one DDP forward
+        # of this micro-batch, so its reducer sees one forward and one backward; its parameter hooks see the sum.
+        cache = DynamicCache()
+        last_U1X = _unwrap(model)(input_ids=prompt_NP[first_U, cols], attention_mask=pmask_NP[first_U, cols],
+                                  position_ids=pos_NL[first_U, cols], use_cache=True, logits_to_keep=1,
+                                  **{key: cache}).logits
+        prefix = [(layer.keys.index_select(0, prompt_of_N), layer.values.index_select(0, prompt_of_N))
+                  for layer in cache.layers]
+        parts = [last_U1X.index_select(0, prompt_of_N)]  # the prompt's last position predicts completion token 0
+        if t_len > 1:
+            mask_NX = torch.cat([pmask_NP[:, cols], attn_NL[:, P: P + t_len - 1]], dim=1)
+            parts.append(model(input_ids=comp_NT[:, : t_len - 1], attention_mask=mask_NX,
+                               position_ids=pos_NL[:, P: P + t_len - 1], use_cache=True, logits_to_keep=0,
+                               **{key: _prefix_cache(prefix)}).logits)
+    logp_Nt, ent_Nt = _logprobs_from(torch.cat(parts, dim=1), comp_NT[:, :t_len], temperature, with_entropy, head)
+    pad = (0, T - t_len)  # trimmed columns are padding: log-prob and entropy 0 there, outside every loss mask
+    return F.pad(logp_Nt, pad), None if ent_Nt is None else F.pad(ent_Nt, pad)
