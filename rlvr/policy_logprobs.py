@@ -156,16 +156,50 @@ def shared_prompt_unsupported(model: torch.nn.Module) -> str | None:
         return "the model has sliding-window layers, whose cache drops old keys"
     if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
         return f"attention implementation {config._attn_implementation!r} (verified: sdpa, eager)"
-    checkpointing = getattr(inner, "is_activation_checkpointing", None)  # transformers >= 5; older: the next name
-    if checkpointing is None:
-        checkpointing = getattr(inner, "is_gradient_checkpointing", False)
-    if checkpointing and inner.training and torch.is_grad_enabled():
-        # transformers' checkpointed layers drop the cache argument (their backward replay would write it twice),
-        # so the completions would not see the prompt.
-        return "gradient checkpointing drops the prompt cache inside checkpointed layers"
+    if _checkpointed_layers(inner) and inner.training and torch.is_grad_enabled():
+        # transformers' checkpointed layers drop the cache argument unless the layer declares it only reads it
+        # (its backward replay would write it twice); both caches here give the same result when replayed, so
+        # they are declared so. The prompt's keys/values reach the completion pass outside the checkpointed
+        # call's inputs: only a non-reentrant checkpoint (transformers' default) carries their gradient.
+        if not hasattr(_gradient_checkpointing_layer(), "_can_checkpoint_with_cache"):
+            return "gradient checkpointing in this transformers version drops the prompt cache"
+        if any(_reentrant(layer) for layer in _checkpointed_layers(inner)):
+            return "reentrant gradient checkpointing would not carry the gradient of the prompt's keys and values"
     if _cache_classes() is None:
         return "this transformers version has no layered cache (transformers >= 4.56 with DynamicLayer needed)"
     return None
+
+
+def _gradient_checkpointing_layer():
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:
+        return object
+    return GradientCheckpointingLayer
+
+
+def _checkpointed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    cls = _gradient_checkpointing_layer()
+    return [m for m in model.modules() if isinstance(m, cls) and getattr(m, "gradient_checkpointing", False)]
+
+
+def _reentrant(layer: torch.nn.Module) -> bool:
+    fn = getattr(layer, "_gradient_checkpointing_func", None)
+    return getattr(fn, "keywords", {}).get("use_reentrant", True) is not False  # torch's own default is reentrant
+
+
+@contextmanager
+def _checkpointed_layers_keep_the_cache(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block, checkpointed decoder layers are told the cache is read-only (it is: see the callers),
+    so they keep it; the class's attribute is restored on exit."""
+    layers = _checkpointed_layers(_unwrap(model))
+    for layer in layers:
+        layer._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer._can_checkpoint_with_cache
 
 
 def _cache_classes():
@@ -187,9 +221,25 @@ def _bare(model: torch.nn.Module) -> torch.nn.Module:
     return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
 
 
+def _capture_cache(num_layers: int):
+    """A cache that keeps each layer's latest keys/values and returns them as they are: the prompt pass attends
+    to its own tokens only, and a checkpoint's replay of a layer stores the same values again."""
+    DynamicCache, DynamicLayer = _cache_classes()
+
+    class CaptureLayer(DynamicLayer):
+        def update(self, key_states, value_states, *args, **kwargs):
+            self.keys, self.values, self.is_initialized = key_states, value_states, True
+            self.device, self.dtype = key_states.device, key_states.dtype
+            return key_states, value_states
+
+    cache = DynamicCache()
+    cache.layers = [CaptureLayer() for _ in range(num_layers)]
+    return cache
+
+
 def _prefix_cache(layers_kv: list[tuple[torch.Tensor, torch.Tensor]]):
     """A cache that serves fixed prompt keys/values and never grows: ``update`` returns [prompt | new] without
-    storing it, so the cache stays the prompt alone whatever runs through it."""
+    storing it, so the cache stays the prompt alone whatever runs through it (a checkpoint's replay included)."""
     DynamicCache, DynamicLayer = _cache_classes()
 
     class PrefixLayer(DynamicLayer):
@@ -226,13 +276,15 @@ def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature
     t_len = max(1, int(t_len))
     cols = slice(P - int(p_len), P)
     key = _cache_kwarg(model)
-    DynamicCache, _ = _cache_classes()
-    with _head_passes_hidden_states(head) if head is not None else nullcontext():
+    # use_cache=False with an explicit cache: the layers still read and write it (transformers only builds a
+    # cache of its own when use_cache is set), and no "incompatible with gradient checkpointing" warning.
+    with (_head_passes_hidden_states(head) if head is not None else nullcontext(),
+          _checkpointed_layers_keep_the_cache(model)):
         # The prompt pass runs through the bare model: under DDP, the completion pass below is the one DDP forward
         # of this micro-batch, so its reducer sees one forward and one backward; its parameter hooks see the sum.
-        cache = DynamicCache()
+        cache = _capture_cache(_bare(model).config.get_text_config().num_hidden_layers)
         last_U1X = _unwrap(model)(input_ids=prompt_NP[first_U, cols], attention_mask=pmask_NP[first_U, cols],
-                                  position_ids=pos_NL[first_U, cols], use_cache=True, logits_to_keep=1,
+                                  position_ids=pos_NL[first_U, cols], use_cache=False, logits_to_keep=1,
                                   **{key: cache}).logits
         prefix = [(layer.keys.index_select(0, prompt_of_N), layer.values.index_select(0, prompt_of_N))
                   for layer in cache.layers]
@@ -240,7 +292,7 @@ def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature
         if t_len > 1:
             mask_NX = torch.cat([pmask_NP[:, cols], attn_NL[:, P: P + t_len - 1]], dim=1)
             parts.append(model(input_ids=comp_NT[:, : t_len - 1], attention_mask=mask_NX,
-                               position_ids=pos_NL[:, P: P + t_len - 1], use_cache=True, logits_to_keep=0,
+                               position_ids=pos_NL[:, P: P + t_len - 1], use_cache=False, logits_to_keep=0,
                                **{key: _prefix_cache(prefix)}).logits)
     logp_Nt, ent_Nt = _logprobs_from(torch.cat(parts, dim=1), comp_NT[:, :t_len], temperature, with_entropy, head)
     pad = (0, T - t_len)  # trimmed columns are padding: log-prob and entropy 0 there, outside every loss mask

@@ -239,6 +239,18 @@ def test_prompt_runs_once_per_distinct_prompt():
     assert seen == [(3, 7), (12, 7)]  # 3 prompts of <= 7 tokens; 12 completions, the last token never fed
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_gradient_checkpointing_matches(lora, small_chunks):
+    """Checkpointed layers replay their forward in backward: the caches must give the same keys/values again,
+    and the prompt's gradient must still arrive through the non-reentrant checkpoint."""
+    model = _llama()
+    model.gradient_checkpointing_enable()  # transformers' default: non-reentrant
+    model = (_lora(model) if lora else model).train()
+    grads = _assert_paths_agree(model, _packed(), slice(0, 12), ["algo.beta=0.1"],
+                                ref="adapter-off" if lora else _llama(tied=False).eval())
+    assert all("lora_" in name for name in grads) == lora
+
+
 def test_unsupported_setups_fall_back_with_a_reason():
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
@@ -246,13 +258,13 @@ def test_unsupported_setups_fall_back_with_a_reason():
                                            num_attention_heads=2, num_key_value_heads=1, head_dim=8))
     assert "gemma2" in shared_prompt_unsupported(gemma)
     model = _llama()
-    model.gradient_checkpointing_enable()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     model.train()
-    assert "gradient checkpointing" in shared_prompt_unsupported(model)
+    assert "reentrant" in shared_prompt_unsupported(model)
     with torch.no_grad():  # the no-grad passes (old/ref log-probs) do not checkpoint: they share
         assert shared_prompt_unsupported(model) is None
     mb = _packed().rows(slice(0, 12))
-    with pytest.warns(UserWarning, match="gradient checkpointing"):
+    with pytest.warns(UserWarning, match="reentrant"):
         policy_logprobs._WARNED.clear()
         shared, _ = _logprobs(model, mb, True)
     plain, _ = _logprobs(model, mb, False)
