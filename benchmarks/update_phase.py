@@ -19,6 +19,11 @@ at a GRPO shape: prompts of 70-90 tokens (ragged, left-padded), completions of e
 6 * body params * N * (P + T) + 6 * head params * N * T for ``update`` (2 * ... for ``logprobs``), over the time
 and the FLOP/s of a large float32 matmul measured here on the same threads. For the shared path the same
 numerator is used, so its fraction above the plain one is the work it did not need to do.
+
+``*_cpu_s``: the process's CPU time (all threads) for the same steps, and ``speedup_cpu_time`` their ratio. On a
+machine shared with other jobs, wall time mostly measures the scheduler (a 2-thread step waits at every op's
+barrier for a descheduled thread, and the shared path makes twice as many forward calls, so it waits more);
+CPU time is the work done. Read wall-time ratios on an idle machine, CPU-time ratios on a busy one.
 """
 
 from __future__ import annotations
@@ -77,8 +82,9 @@ def batch(name: str, vocab: int, rows: int, completion_len: int, seed: int = 0):
     return pack(Rollouts(G, [{"prompt": ""}] * groups, prompts, comps), 0, torch.device("cpu"))
 
 
-def step(model, mb, shared: bool, grad: bool) -> float:
-    t0 = time.perf_counter()
+def step(model, mb, shared: bool, grad: bool) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds over all threads) of one micro-batch."""
+    t0, c0 = time.perf_counter(), time.process_time()
     with torch.set_grad_enabled(grad):
         logp_NT, ent_NT = completion_logprobs(model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL,
                                               mb.completion_ids_NT, 1.0, with_entropy=grad, shared_prompt=shared)
@@ -89,7 +95,7 @@ def step(model, mb, shared: bool, grad: bool) -> float:
                                             adv_N, mb.mask_NT, entropy_NT=ent_NT)
             loss.backward()
             model.zero_grad(set_to_none=True)
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def matmul_flops(size: int = 2048, reps: int = 10) -> float:
@@ -132,10 +138,14 @@ def main() -> None:
             for _ in range(args.repeats):
                 for shared in (False, True):
                     times[shared].append(step(model, mb, shared, grad))
-            plain, shared = statistics.median(times[False]), statistics.median(times[True])
+            wall = {k: [w for w, _ in v] for k, v in times.items()}
+            cpu = {k: statistics.median(c for _, c in v) for k, v in times.items()}
+            plain, shared = statistics.median(wall[False]), statistics.median(wall[True])
             res[phase] = {
                 "plain_s": round(plain, 4), "shared_s": round(shared, 4), "speedup": round(plain / shared, 3),
-                "plain_best_s": round(min(times[False]), 4), "shared_best_s": round(min(times[True]), 4),
+                "plain_best_s": round(min(wall[False]), 4), "shared_best_s": round(min(wall[True]), 4),
+                "plain_cpu_s": round(cpu[False], 4), "shared_cpu_s": round(cpu[True], 4),
+                "speedup_cpu_time": round(cpu[False] / cpu[True], 3),
                 "matmul_bound_fraction_plain": round(factor * useful / plain / peak, 3),
                 "matmul_bound_fraction_shared": round(factor * useful / shared / peak, 3),
             }

@@ -313,7 +313,7 @@ class TrainConfig(_Section):
         "and values cached, gradients flowing back through them) instead of G forwards over [prompt | completion]: "
         "same loss and gradients, (G-1)/G less prompt compute, in the update and the old/reference log-prob "
         "passes. Used where verified (Llama, Qwen2, Qwen3; sdpa/eager attention; one process or DDP) and a "
-        "micro-batch repeats a prompt; otherwise (FSDP2, other architectures) the one-forward path, with a "
+        "micro-batch repeats a prompt; otherwise (FSDP2, other architectures, dropout) the one-forward path, with a "
         "warning. See docs/architecture.md.",
     )
     memory_check: Literal["refuse", "warn", "skip"] = Field(

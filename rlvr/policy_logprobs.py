@@ -156,6 +156,10 @@ def shared_prompt_unsupported(model: torch.nn.Module) -> str | None:
         return "the model has sliding-window layers, whose cache drops old keys"
     if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
         return f"attention implementation {config._attn_implementation!r} (verified: sdpa, eager)"
+    if inner.training and (getattr(config, "attention_dropout", 0.0) or any(
+            isinstance(m, torch.nn.Dropout) and m.p > 0 for m in inner.modules())):
+        # Separate forwards draw G dropout masks over the prompt; one prompt pass draws one for all G.
+        return "dropout is active in training mode (the G completions would share one dropout draw on the prompt)"
     if _checkpointed_layers(inner) and inner.training and torch.is_grad_enabled():
         # transformers' checkpointed layers drop the cache argument unless the layer declares it only reads it
         # (its backward replay would write it twice); both caches here give the same result when replayed, so

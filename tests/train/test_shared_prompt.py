@@ -257,6 +257,15 @@ def test_unsupported_setups_fall_back_with_a_reason():
     gemma = Gemma2ForCausalLM(Gemma2Config(vocab_size=V, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
                                            num_attention_heads=2, num_key_value_heads=1, head_dim=8))
     assert "gemma2" in shared_prompt_unsupported(gemma)
+    from peft import LoraConfig, get_peft_model
+
+    # Dropout in training mode: G forwards draw G masks over the prompt, one prompt pass one (LoRA's or the model's).
+    lora_dropout = get_peft_model(_llama(), LoraConfig(r=4, lora_dropout=0.1, target_modules="all-linear")).train()
+    assert "dropout" in shared_prompt_unsupported(lora_dropout)
+    assert shared_prompt_unsupported(lora_dropout.eval()) is None
+    attention_dropout = _llama().train()
+    attention_dropout.config.attention_dropout = 0.1
+    assert "dropout" in shared_prompt_unsupported(attention_dropout)
     model = _llama()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     model.train()
