@@ -270,15 +270,16 @@ def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature
     # pass. Decided by content, so a micro-batch that starts or ends inside a group is handled like any other.
     new_N = torch.ones(N, dtype=torch.bool, device=ids_NL.device)
     new_N[1:] = ((prompt_NP[1:] != prompt_NP[:-1]) | (pmask_NP[1:] != pmask_NP[:-1])).any(-1)
-    first_U = new_N.nonzero().squeeze(1)  # one host sync per micro-batch (with the two lengths below)
-    if first_U.numel() == N:
-        return None
-    prompt_of_N = new_N.cumsum(0) - 1
+    first_U = new_N.nonzero().squeeze(1)  # two host syncs per micro-batch: this and the lengths below
     # All-pad columns change nothing (masked keys; completion pads come after every real token): trim them to
     # this micro-batch's longest prompt and completion, and skip the last completion token, which predicts nothing.
-    p_len, t_len = pmask_NP.sum(-1).max().item(), attn_NL[:, P:].sum(-1).max().item()
-    t_len = max(1, int(t_len))
-    cols = slice(P - int(p_len), P)
+    p_len, t_len = torch.stack([pmask_NP.sum(-1).max(), attn_NL[:, P:].sum(-1).max()]).tolist()
+    if first_U.numel() == N or p_len == 0 or t_len <= 1:
+        # Nothing to share; or no completion pass to run, which under DDP would leave the micro-batch without
+        # the one DDP forward its reducer expects before backward.
+        return None
+    prompt_of_N = new_N.cumsum(0) - 1
+    cols = slice(P - p_len, P)
     key = _cache_kwarg(model)
     # use_cache=False with an explicit cache: the layers still read and write it (transformers only builds a
     # cache of its own when use_cache is set), and no "incompatible with gradient checkpointing" warning.
@@ -292,12 +293,12 @@ def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature
                                   **{key: cache}).logits
         prefix = [(layer.keys.index_select(0, prompt_of_N), layer.values.index_select(0, prompt_of_N))
                   for layer in cache.layers]
-        parts = [last_U1X.index_select(0, prompt_of_N)]  # the prompt's last position predicts completion token 0
-        if t_len > 1:
-            mask_NX = torch.cat([pmask_NP[:, cols], attn_NL[:, P: P + t_len - 1]], dim=1)
-            parts.append(model(input_ids=comp_NT[:, : t_len - 1], attention_mask=mask_NX,
-                               position_ids=pos_NL[:, P: P + t_len - 1], use_cache=False, logits_to_keep=0,
-                               **{key: _prefix_cache(prefix)}).logits)
-    logp_Nt, ent_Nt = _logprobs_from(torch.cat(parts, dim=1), comp_NT[:, :t_len], temperature, with_entropy, head)
+        mask_NX = torch.cat([pmask_NP[:, cols], attn_NL[:, P: P + t_len - 1]], dim=1)
+        out_NtX = model(input_ids=comp_NT[:, : t_len - 1], attention_mask=mask_NX,
+                        position_ids=pos_NL[:, P: P + t_len - 1], use_cache=False, logits_to_keep=0,
+                        **{key: _prefix_cache(prefix)}).logits
+    # The prompt's last position predicts completion token 0; completion position t predicts token t+1.
+    out_NtX = torch.cat([last_U1X.index_select(0, prompt_of_N), out_NtX], dim=1)
+    logp_Nt, ent_Nt = _logprobs_from(out_NtX, comp_NT[:, :t_len], temperature, with_entropy, head)
     pad = (0, T - t_len)  # trimmed columns are padding: log-prob and entropy 0 there, outside every loss mask
     return F.pad(logp_Nt, pad), None if ent_Nt is None else F.pad(ent_Nt, pad)

@@ -278,3 +278,14 @@ def test_unsupported_setups_fall_back_with_a_reason():
         shared, _ = _logprobs(model, mb, True)
     plain, _ = _logprobs(model, mb, False)
     assert torch.equal(shared, plain)  # it took the one-forward path
+
+
+def test_one_token_completions_take_the_one_forward_path():
+    """No completion pass to run (every completion of the micro-batch is 0 or 1 token): the plain path, so DDP
+    still sees its one forward per micro-batch."""
+    model = _llama()
+    mb = _packed(G=4, prompt_lens=(5, 2), completion_lens=[1, 0, 1, 1, 1, 1, 0, 1]).rows(slice(0, 8))
+    assert policy_logprobs._shared_prompt_logprobs(model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL,
+                                                   mb.completion_ids_NT, 1.0, False, None) is None
+    with torch.no_grad():
+        assert torch.equal(_logprobs(model, mb, True)[0], _logprobs(model, mb, False)[0])
