@@ -57,13 +57,29 @@ def build(name: str) -> torch.nn.Module:
 
         return AutoModelForCausalLM.from_pretrained(tiny_model_path())
     if name == "llama-27m":
-        cfg = LlamaConfig(vocab_size=2048, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
-                          num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=1024,
-                          tie_word_embeddings=False)
+        cfg = LlamaConfig(
+            vocab_size=2048,
+            hidden_size=512,
+            intermediate_size=1376,
+            num_hidden_layers=8,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            max_position_embeddings=1024,
+            tie_word_embeddings=False,
+        )
     elif name == "smollm2-135m-shape":
-        cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                          rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True)
+        cfg = LlamaConfig(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-5,
+            rope_theta=100000.0,
+            tie_word_embeddings=True,
+        )
     else:
         raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
     return LlamaForCausalLM(cfg)
@@ -77,8 +93,9 @@ def batch(name: str, vocab: int, rows: int, completion_len: int, seed: int = 0):
     else:
         prompt_lens, t = [int(x) for x in torch.randint(70, 91, (groups,), generator=g)], completion_len
     prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in prompt_lens]
-    comps = [Completion(i // G, torch.randint(3, vocab, (t,), generator=g).tolist(), "", "length")
-             for i in range(groups * G)]
+    comps = [
+        Completion(i // G, torch.randint(3, vocab, (t,), generator=g).tolist(), "", "length") for i in range(groups * G)
+    ]
     return pack(Rollouts(G, [{"prompt": ""}] * groups, prompts, comps), 0, torch.device("cpu"))
 
 
@@ -86,13 +103,27 @@ def step(model, mb, shared: bool, grad: bool) -> tuple[float, float]:
     """(wall seconds, process CPU seconds over all threads) of one micro-batch."""
     t0, c0 = time.perf_counter(), time.process_time()
     with torch.set_grad_enabled(grad):
-        logp_NT, ent_NT = completion_logprobs(model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL,
-                                              mb.completion_ids_NT, 1.0, with_entropy=grad, shared_prompt=shared)
+        logp_NT, ent_NT = completion_logprobs(
+            model,
+            mb.input_ids_NL,
+            mb.attention_mask_NL,
+            mb.position_ids_NL,
+            mb.completion_ids_NT,
+            1.0,
+            with_entropy=grad,
+            shared_prompt=shared,
+        )
         if grad:
             adv_N = torch.linspace(-1, 1, logp_NT.shape[0])
-            loss, _ = core.policy_loss_from(core.LossSettings(loss_type="dapo"),
-                                            core.BatchGeometry(num_items_in_batch=mb.mask_NT.sum()), logp_NT, None,
-                                            adv_N, mb.mask_NT, entropy_NT=ent_NT)
+            loss, _ = core.policy_loss_from(
+                core.LossSettings(loss_type="dapo"),
+                core.BatchGeometry(num_items_in_batch=mb.mask_NT.sum()),
+                logp_NT,
+                None,
+                adv_N,
+                mb.mask_NT,
+                entropy_NT=ent_NT,
+            )
             loss.backward()
             model.zero_grad(set_to_none=True)
     return time.perf_counter() - t0, time.process_time() - c0
@@ -129,9 +160,13 @@ def main() -> None:
         body = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel()
         body -= 0 if model.config.tie_word_embeddings else head  # the untied head is counted apart
         useful = body * N * (P + T) + head * N * T  # multiply-adds of one plain forward
-        res = {"rows": N, "prompt_tokens_padded": P, "mean_prompt_tokens": float(mb.attention_mask_NL[:, :P].sum(1)
-                                                                                   .float().mean()),
-               "completion_tokens": T, "params": sum(p.numel() for p in model.parameters())}
+        res = {
+            "rows": N,
+            "prompt_tokens_padded": P,
+            "mean_prompt_tokens": float(mb.attention_mask_NL[:, :P].sum(1).float().mean()),
+            "completion_tokens": T,
+            "params": sum(p.numel() for p in model.parameters()),
+        }
         for phase, grad, factor in (("update", True, 6), ("logprobs", False, 2)):
             step(model, mb, False, grad), step(model, mb, True, grad)  # warm-up
             times = {False: [], True: []}
@@ -142,9 +177,13 @@ def main() -> None:
             cpu = {k: statistics.median(c for _, c in v) for k, v in times.items()}
             plain, shared = statistics.median(wall[False]), statistics.median(wall[True])
             res[phase] = {
-                "plain_s": round(plain, 4), "shared_s": round(shared, 4), "speedup": round(plain / shared, 3),
-                "plain_best_s": round(min(wall[False]), 4), "shared_best_s": round(min(wall[True]), 4),
-                "plain_cpu_s": round(cpu[False], 4), "shared_cpu_s": round(cpu[True], 4),
+                "plain_s": round(plain, 4),
+                "shared_s": round(shared, 4),
+                "speedup": round(plain / shared, 3),
+                "plain_best_s": round(min(wall[False]), 4),
+                "shared_best_s": round(min(wall[True]), 4),
+                "plain_cpu_s": round(cpu[False], 4),
+                "shared_cpu_s": round(cpu[True], 4),
                 "speedup_cpu_time": round(cpu[False] / cpu[True], 3),
                 "matmul_bound_fraction_plain": round(factor * useful / plain / peak, 3),
                 "matmul_bound_fraction_shared": round(factor * useful / shared / peak, 3),

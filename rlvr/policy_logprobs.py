@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -101,13 +101,23 @@ def completion_logprobs(
     if shared_prompt:
         reason = shared_prompt_unsupported(model)
         if reason is None:
-            out = _shared_prompt_logprobs(model, input_ids_NL, attention_mask_NL, position_ids_NL, completion_ids_NT,
-                                          temperature, with_entropy, head)
+            out = _shared_prompt_logprobs(
+                model,
+                input_ids_NL,
+                attention_mask_NL,
+                position_ids_NL,
+                completion_ids_NT,
+                temperature,
+                with_entropy,
+                head,
+            )
             if out is not None:
                 return out
         elif reason not in _WARNED:
             _WARNED.add(reason)
-            warnings.warn(f"train.shared_prompt_forward: {reason}; using one forward over prompt and completion.")
+            warnings.warn(
+                f"train.shared_prompt_forward: {reason}; using one forward over prompt and completion.", stacklevel=2
+            )
     T = completion_ids_NT.shape[1]
     kwargs = dict(
         input_ids=input_ids_NL,
@@ -151,13 +161,16 @@ def shared_prompt_unsupported(model: torch.nn.Module) -> str | None:
     config = getattr(inner, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in SHARED_PROMPT_MODEL_TYPES:
-        return f"model type {model_type!r} is not one it is verified on ({', '.join(sorted(SHARED_PROMPT_MODEL_TYPES))})"
+        verified = ", ".join(sorted(SHARED_PROMPT_MODEL_TYPES))
+        return f"model type {model_type!r} is not one it is verified on ({verified})"
     if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
         return "the model has sliding-window layers, whose cache drops old keys"
     if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
         return f"attention implementation {config._attn_implementation!r} (verified: sdpa, eager)"
-    if inner.training and (getattr(config, "attention_dropout", 0.0) or any(
-            isinstance(m, torch.nn.Dropout) and m.p > 0 for m in inner.modules())):
+    if inner.training and (
+        getattr(config, "attention_dropout", 0.0)
+        or any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in inner.modules())
+    ):
         # Separate forwards draw G dropout masks over the prompt; one prompt pass draws one for all G.
         return "dropout is active in training mode (the G completions would share one dropout draw on the prompt)"
     if _checkpointed_layers(inner) and inner.training and torch.is_grad_enabled():
@@ -283,20 +296,34 @@ def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature
     key = _cache_kwarg(model)
     # use_cache=False with an explicit cache: the layers still read and write it (transformers only builds a
     # cache of its own when use_cache is set), and no "incompatible with gradient checkpointing" warning.
-    with (_head_passes_hidden_states(head) if head is not None else nullcontext(),
-          _checkpointed_layers_keep_the_cache(model)):
+    with (
+        _head_passes_hidden_states(head) if head is not None else nullcontext(),
+        _checkpointed_layers_keep_the_cache(model),
+    ):
         # The prompt pass runs through the bare model: under DDP, the completion pass below is the one DDP forward
         # of this micro-batch, so its reducer sees one forward and one backward; its parameter hooks see the sum.
         cache = _capture_cache(_bare(model).config.get_text_config().num_hidden_layers)
-        last_U1X = _unwrap(model)(input_ids=prompt_NP[first_U, cols], attention_mask=pmask_NP[first_U, cols],
-                                  position_ids=pos_NL[first_U, cols], use_cache=False, logits_to_keep=1,
-                                  **{key: cache}).logits
-        prefix = [(layer.keys.index_select(0, prompt_of_N), layer.values.index_select(0, prompt_of_N))
-                  for layer in cache.layers]
-        mask_NX = torch.cat([pmask_NP[:, cols], attn_NL[:, P: P + t_len - 1]], dim=1)
-        out_NtX = model(input_ids=comp_NT[:, : t_len - 1], attention_mask=mask_NX,
-                        position_ids=pos_NL[:, P: P + t_len - 1], use_cache=False, logits_to_keep=0,
-                        **{key: _prefix_cache(prefix)}).logits
+        last_U1X = _unwrap(model)(
+            input_ids=prompt_NP[first_U, cols],
+            attention_mask=pmask_NP[first_U, cols],
+            position_ids=pos_NL[first_U, cols],
+            use_cache=False,
+            logits_to_keep=1,
+            **{key: cache},
+        ).logits
+        prefix = [
+            (layer.keys.index_select(0, prompt_of_N), layer.values.index_select(0, prompt_of_N))
+            for layer in cache.layers
+        ]
+        mask_NX = torch.cat([pmask_NP[:, cols], attn_NL[:, P : P + t_len - 1]], dim=1)
+        out_NtX = model(
+            input_ids=comp_NT[:, : t_len - 1],
+            attention_mask=mask_NX,
+            position_ids=pos_NL[:, P : P + t_len - 1],
+            use_cache=False,
+            logits_to_keep=0,
+            **{key: _prefix_cache(prefix)},
+        ).logits
     # The prompt's last position predicts completion token 0; completion position t predicts token t+1.
     out_NtX = torch.cat([last_U1X.index_select(0, prompt_of_N), out_NtX], dim=1)
     logp_Nt, ent_Nt = _logprobs_from(out_NtX, comp_NT[:, :t_len], temperature, with_entropy, head)

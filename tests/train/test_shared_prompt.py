@@ -37,8 +37,17 @@ def _llama(tied=True):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tied, pad_token_id=PAD)
+    cfg = LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+        pad_token_id=PAD,
+    )
     return LlamaForCausalLM(cfg).double()
 
 
@@ -46,8 +55,17 @@ def _qwen3():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(1)
-    cfg = Qwen3Config(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=8, max_position_embeddings=64, tie_word_embeddings=False)
+    cfg = Qwen3Config(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     return Qwen3ForCausalLM(cfg).double()
 
 
@@ -55,8 +73,16 @@ def _qwen2():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(2)
-    cfg = Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True)
+    cfg = Qwen2Config(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
     return Qwen2ForCausalLM(cfg).double()
 
 
@@ -81,8 +107,10 @@ def _packed(G=4, prompt_lens=(5, 2, 7), completion_lens=None, seed=0):
         completion_lens = torch.randint(1, 9, (B * G,), generator=g).tolist()
         completion_lens[G + 1] = 0  # an empty completion
     prompts = [torch.randint(3, V, (n,), generator=g).tolist() for n in prompt_lens]
-    comps = [Completion(i // G, torch.randint(3, V, (n,), generator=g).tolist(), "", "length")
-             for i, n in enumerate(completion_lens)]
+    comps = [
+        Completion(i // G, torch.randint(3, V, (n,), generator=g).tolist(), "", "length")
+        for i, n in enumerate(completion_lens)
+    ]
     return pack(Rollouts(G, [{"prompt": ""}] * B, prompts, comps), PAD, torch.device("cpu"))
 
 
@@ -107,13 +135,22 @@ def float64_norms(monkeypatch):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Three tokens per head chunk, so the chunked head crosses chunk boundaries as a real vocabulary would."""
-    monkeypatch.setattr(policy_logprobs.core, "head_logprobs",
-                        functools.partial(core.head_logprobs, chunk_elements=3 * V))
+    monkeypatch.setattr(
+        policy_logprobs.core, "head_logprobs", functools.partial(core.head_logprobs, chunk_elements=3 * V)
+    )
 
 
 def _logprobs(model, mb, shared, temperature=0.7, with_entropy=True):
-    return completion_logprobs(model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL,
-                               mb.completion_ids_NT, temperature, with_entropy=with_entropy, shared_prompt=shared)
+    return completion_logprobs(
+        model,
+        mb.input_ids_NL,
+        mb.attention_mask_NL,
+        mb.position_ids_NL,
+        mb.completion_ids_NT,
+        temperature,
+        with_entropy=with_entropy,
+        shared_prompt=shared,
+    )
 
 
 def _loss_and_grads(model, packed, rows, shared, overrides=(), ref=None):
@@ -126,8 +163,9 @@ def _loss_and_grads(model, packed, rows, shared, overrides=(), ref=None):
     g = torch.Generator().manual_seed(7)
     adv_N = torch.randn(n, generator=g, dtype=torch.float64)
     with torch.no_grad():  # an older policy: the plain log-probs moved a little, so the ratio is not 1
-        old_NT = _logprobs(model, mb, False, with_entropy=False)[0] + 0.05 * torch.randn(mask_NT.shape, generator=g,
-                                                                                         dtype=torch.float64)
+        old_NT = _logprobs(model, mb, False, with_entropy=False)[0] + 0.05 * torch.randn(
+            mask_NT.shape, generator=g, dtype=torch.float64
+        )
         ref_NT = None
         if ref == "adapter-off":
             with model.disable_adapter():
@@ -136,10 +174,12 @@ def _loss_and_grads(model, packed, rows, shared, overrides=(), ref=None):
             ref_NT = _logprobs(ref, mb, shared, with_entropy=False)[0]
     model.zero_grad(set_to_none=True)
     logp_NT, ent_NT = _logprobs(model, mb, shared)
-    geometry = core.BatchGeometry(num_items_in_batch=packed.mask_NT.sum(), max_completion_length=8,
-                                  steps_per_generation=2)
-    loss, metrics = core.policy_loss_from(build_loss_settings(algo), geometry, logp_NT, old_NT, adv_N, mask_NT,
-                                          ref_logp_NT=ref_NT, entropy_NT=ent_NT)
+    geometry = core.BatchGeometry(
+        num_items_in_batch=packed.mask_NT.sum(), max_completion_length=8, steps_per_generation=2
+    )
+    loss, metrics = core.policy_loss_from(
+        build_loss_settings(algo), geometry, logp_NT, old_NT, adv_N, mask_NT, ref_logp_NT=ref_NT, entropy_NT=ent_NT
+    )
     loss.backward()
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     return loss.detach(), metrics, grads, logp_NT.detach() * mask_NT, ref_NT
@@ -164,8 +204,9 @@ def _assert_paths_agree(model, packed, rows, overrides=(), ref=None):
     return grads_a
 
 
-@pytest.mark.parametrize("build", [functools.partial(_llama, tied=True), functools.partial(_llama, tied=False),
-                                   _qwen3, _qwen2])
+@pytest.mark.parametrize(
+    "build", [functools.partial(_llama, tied=True), functools.partial(_llama, tied=False), _qwen3, _qwen2]
+)
 def test_full_fine_tuning_matches_the_one_forward_path(build, small_chunks):
     model = build().train()
     packed = _packed()
@@ -221,8 +262,16 @@ def test_full_logits_head_path_is_shared_too():
     outs = []
     for shared in (True, False):
         model.zero_grad(set_to_none=True)
-        logp, _ = completion_logprobs(model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL,
-                                      mb.completion_ids_NT, 1.0, chunked=False, shared_prompt=shared)
+        logp, _ = completion_logprobs(
+            model,
+            mb.input_ids_NL,
+            mb.attention_mask_NL,
+            mb.position_ids_NL,
+            mb.completion_ids_NT,
+            1.0,
+            chunked=False,
+            shared_prompt=shared,
+        )
         (logp * mb.mask_NT).sum().backward()
         outs.append((logp.detach() * mb.mask_NT, model.model.embed_tokens.weight.grad.clone()))
     assert_close(outs[0][0], outs[1][0], "log-probs")
@@ -246,16 +295,26 @@ def test_gradient_checkpointing_matches(lora, small_chunks):
     model = _llama()
     model.gradient_checkpointing_enable()  # transformers' default: non-reentrant
     model = (_lora(model) if lora else model).train()
-    grads = _assert_paths_agree(model, _packed(), slice(0, 12), ["algo.beta=0.1"],
-                                ref="adapter-off" if lora else _llama(tied=False).eval())
+    grads = _assert_paths_agree(
+        model, _packed(), slice(0, 12), ["algo.beta=0.1"], ref="adapter-off" if lora else _llama(tied=False).eval()
+    )
     assert all("lora_" in name for name in grads) == lora
 
 
 def test_unsupported_setups_fall_back_with_a_reason():
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    gemma = Gemma2ForCausalLM(Gemma2Config(vocab_size=V, hidden_size=16, intermediate_size=16, num_hidden_layers=1,
-                                           num_attention_heads=2, num_key_value_heads=1, head_dim=8))
+    gemma = Gemma2ForCausalLM(
+        Gemma2Config(
+            vocab_size=V,
+            hidden_size=16,
+            intermediate_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+        )
+    )
     assert "gemma2" in shared_prompt_unsupported(gemma)
     from peft import LoraConfig, get_peft_model
 
@@ -285,7 +344,11 @@ def test_one_token_completions_take_the_one_forward_path():
     still sees its one forward per micro-batch."""
     model = _llama()
     mb = _packed(G=4, prompt_lens=(5, 2), completion_lens=[1, 0, 1, 1, 1, 1, 0, 1]).rows(slice(0, 8))
-    assert policy_logprobs._shared_prompt_logprobs(model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL,
-                                                   mb.completion_ids_NT, 1.0, False, None) is None
+    assert (
+        policy_logprobs._shared_prompt_logprobs(
+            model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL, mb.completion_ids_NT, 1.0, False, None
+        )
+        is None
+    )
     with torch.no_grad():
         assert torch.equal(_logprobs(model, mb, True)[0], _logprobs(model, mb, False)[0])

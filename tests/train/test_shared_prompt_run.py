@@ -5,25 +5,40 @@ from __future__ import annotations
 
 import torch
 from safetensors.torch import load_file
+from test_smoke import read_jsonl, smoke_overrides
 
 from rlvr import policy_logprobs
 from rlvr.config import load_config
 from rlvr.train import train
-from test_smoke import read_jsonl, smoke_overrides
 
 
 def test_weights_after_a_run_do_not_depend_on_the_switch(tiny_model_dir, sum_dataset, tmp_path, monkeypatch):
     shared_calls = []
     real = policy_logprobs._shared_prompt_logprobs
-    monkeypatch.setattr(policy_logprobs, "_shared_prompt_logprobs",
-                        lambda *a, **k: shared_calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(
+        policy_logprobs, "_shared_prompt_logprobs", lambda *a, **k: shared_calls.append(1) or real(*a, **k)
+    )
     finals, losses = {}, {}
     for on in (True, False):
         out = tmp_path / f"shared-{on}"
-        train(load_config(None, smoke_overrides(
-            tiny_model_dir, sum_dataset, out, "train.max_steps=2", "train.per_device_train_batch_size=8",
-            "train.gradient_accumulation_steps=2", "algo.beta=0.04", "algo.num_iterations=2",
-            "train.learning_rate=1e-3", "train.adam_epsilon=1e-5", f"train.shared_prompt_forward={str(on).lower()}")))
+        train(
+            load_config(
+                None,
+                smoke_overrides(
+                    tiny_model_dir,
+                    sum_dataset,
+                    out,
+                    "train.max_steps=2",
+                    "train.per_device_train_batch_size=8",
+                    "train.gradient_accumulation_steps=2",
+                    "algo.beta=0.04",
+                    "algo.num_iterations=2",
+                    "train.learning_rate=1e-3",
+                    "train.adam_epsilon=1e-5",
+                    f"train.shared_prompt_forward={str(on).lower()}",
+                ),
+            )
+        )
         finals[on] = load_file(str(out / "final" / "model.safetensors"))
         losses[on] = [m["loss"] for m in read_jsonl(out / "metrics.jsonl")]
         # On: every forward of the run (old, reference, update) took the shared path; off: none did.
