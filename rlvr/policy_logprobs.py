@@ -151,12 +151,6 @@ _WARNED: set[str] = set()
 
 def shared_prompt_unsupported(model: torch.nn.Module) -> str | None:
     """Why the shared-prompt forward cannot run on ``model`` as it is now, or None when it can."""
-    from rlvr.fsdp import is_sharded
-
-    if is_sharded(model):
-        # FSDP2 gathers and frees each layer's weights around every forward and registers its backward hooks
-        # per forward; two forwards before one backward is not a pattern rlvr has verified under it.
-        return "not verified under FSDP2 (train.parallelism=fsdp)"
     inner = _unwrap(model)
     config = getattr(inner, "config", None)
     model_type = getattr(config, "model_type", None)
@@ -300,8 +294,12 @@ def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature
         _head_passes_hidden_states(head) if head is not None else nullcontext(),
         _checkpointed_layers_keep_the_cache(model),
     ):
-        # The prompt pass runs through the bare model: under DDP, the completion pass below is the one DDP forward
-        # of this micro-batch, so its reducer sees one forward and one backward; its parameter hooks see the sum.
+        # The prompt pass runs through the model without DDP: the completion pass below is the one DDP forward of
+        # this micro-batch, so its reducer sees one forward and one backward; its parameter hooks see the sum.
+        # Under FSDP2 both passes go through the sharded model, whose hooks run per call: each layer's weights are
+        # gathered for each pass in forward and backward (twice the all-gathers of the one-forward path, and its
+        # gradient reduced once per pass), the gradients adding up as on one process (tests/train/test_fsdp.py
+        # compares FSDP, DDP and one process, all on this path).
         cache = _capture_cache(_bare(model).config.get_text_config().num_hidden_layers)
         last_U1X = _unwrap(model)(
             input_ids=prompt_NP[first_U, cols],
