@@ -325,6 +325,15 @@ class TrainConfig(_Section):
         "is torch.compile'd once per parameter shape (minutes on a small CPU) and the quantised moments change "
         "the trajectory slightly.",
     )
+    shared_prompt_forward: bool = Field(
+        True,
+        description="Score the G completions of a group against one forward of their shared prompt (its keys "
+        "and values cached, gradients flowing back through them) instead of G forwards over [prompt | completion]: "
+        "same loss and gradients, (G-1)/G less prompt compute, in the update and the old/reference log-prob "
+        "passes. Used where verified (Llama, Qwen2, Qwen3; sdpa/eager attention; no active dropout) when a "
+        "micro-batch repeats a prompt; otherwise the one-forward path, with a warning. false: TRL's one forward, "
+        "bit for bit. See docs/architecture.md.",
+    )
     memory_check: Literal["refuse", "warn", "skip"] = Field(
         "refuse",
         description="Before loading the model, estimate the run's peak memory (`rlvr plan`) and refuse "

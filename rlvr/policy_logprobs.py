@@ -6,14 +6,28 @@ weight go to :func:`rlvr.core.head_logprobs`, which computes the log-probs (and 
 at a time. Architectures whose forward changes the logits after the head (Gemma 2/3 soft-capping,
 Granite's and Cohere's logit scaling) or whose head is not a plain ``nn.Linear`` (a LoRA-adapted head)
 take the plain path: full logits, then :func:`rlvr.core.token_logprobs`.
+
+Shared-prompt forward (``shared_prompt=True``): the G completions of a group are G rows with the same prompt.
+A causal model's prompt states do not depend on what follows, so the prompt is run once per distinct prompt of
+the micro-batch and its per-layer keys and values are handed to the completion rows as a cache
+(``index_select`` by row: differentiable, so each completion's gradient flows back into the one prompt pass and
+the G contributions add up there). Loss and gradients are those of G separate forwards; the prompt's matmuls
+run once instead of G times, i.e. a fraction ``(G-1)/G * P / (P + T)`` of the forward and backward FLOPs is
+saved (P prompt, T completion tokens). Attention over the prompt is still paid per completion row, and the
+prompt's K/V are copied to every row (the plain path holds those rows too). Only supported setups take it
+(:func:`shared_prompt_unsupported` says why not); the others, and micro-batches with no repeated prompt, take
+the one-forward path.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator
+import inspect
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 
 import torch
+import torch.nn.functional as F
 
 from rlvr import core
 
@@ -76,11 +90,35 @@ def completion_logprobs(
     temperature: float,
     with_entropy: bool = False,
     chunked: bool = True,
+    shared_prompt: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One forward over [prompt | completion] -> log-probs (and detached entropy) of the T completion tokens
-    under ``softmax(logits / temperature)``. Only the last T+1 positions reach the head."""
-    T = completion_ids_NT.shape[1]
+    """Log-probs (and detached entropy) of the T completion tokens under ``softmax(logits / temperature)``.
+
+    Rows are [left-padded prompt | right-padded completion]. The plain path is one forward over all of it, of
+    which only the last T+1 positions reach the head. ``shared_prompt``: one forward per distinct prompt, then
+    the completions against its cached keys and values (module docstring), where supported."""
     head = plain_linear_head(model) if chunked else None
+    if shared_prompt:
+        reason = shared_prompt_unsupported(model)
+        if reason is None:
+            out = _shared_prompt_logprobs(
+                model,
+                input_ids_NL,
+                attention_mask_NL,
+                position_ids_NL,
+                completion_ids_NT,
+                temperature,
+                with_entropy,
+                head,
+            )
+            if out is not None:
+                return out
+        elif reason not in _WARNED:
+            _WARNED.add(reason)
+            warnings.warn(
+                f"train.shared_prompt_forward: {reason}; using one forward over prompt and completion.", stacklevel=2
+            )
+    T = completion_ids_NT.shape[1]
     kwargs = dict(
         input_ids=input_ids_NL,
         attention_mask=attention_mask_NL,
@@ -88,19 +126,212 @@ def completion_logprobs(
         use_cache=False,
         logits_to_keep=T + 1,
     )
+    with _head_passes_hidden_states(head) if head is not None else nullcontext():
+        out_NTX = model(**kwargs).logits[:, :-1, :]  # position t predicts token t+1
+    return _logprobs_from(out_NTX, completion_ids_NT, temperature, with_entropy, head)
+
+
+def _logprobs_from(out_NTX, ids_NT, temperature, with_entropy, head):
+    """The forward's output at the positions that predict ``ids_NT``: final hidden states when ``head`` passed
+    them through (chunked head), else full logits."""
     if head is not None:
-        with _head_passes_hidden_states(head):
-            hidden_NTH = model(**kwargs).logits[:, :-1, :]  # position t predicts token t+1
         weight, bias = head.weight, head.bias
-        device_type = hidden_NTH.device.type
+        device_type = out_NTX.device.type
         if torch.is_autocast_enabled(device_type):
             # Mixed precision: the head's matmuls in the autocast dtype, as the model's own head would run
             # them; one differentiable cast of the weight here rather than one per chunk inside the head.
             low = torch.get_autocast_dtype(device_type)
             weight, bias = weight.to(low), None if bias is None else bias.to(low)
-            hidden_NTH = hidden_NTH.to(low)
-        return core.head_logprobs(hidden_NTH, weight, completion_ids_NT, temperature, bias, with_entropy=with_entropy)
-    logits_NTV = model(**kwargs).logits[:, :-1, :]
-    logp_NT = core.token_logprobs(logits_NTV, completion_ids_NT, temperature=temperature)
-    ent_NT = core.entropy_from_logits(logits_NTV.detach(), temperature=temperature) if with_entropy else None
+            out_NTX = out_NTX.to(low)
+        return core.head_logprobs(out_NTX, weight, ids_NT, temperature, bias, with_entropy=with_entropy)
+    logp_NT = core.token_logprobs(out_NTX, ids_NT, temperature=temperature)
+    ent_NT = core.entropy_from_logits(out_NTX.detach(), temperature=temperature) if with_entropy else None
     return logp_NT, ent_NT
+
+
+# ------------------------------------------------------------------------------ shared-prompt forward
+
+# Architectures whose decoder is all full attention with transformers' standard dynamic cache, checked by
+# tests/train/test_shared_prompt.py to give the one-forward path's log-probs and gradients.
+SHARED_PROMPT_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3"})
+_WARNED: set[str] = set()
+
+
+def shared_prompt_unsupported(model: torch.nn.Module) -> str | None:
+    """Why the shared-prompt forward cannot run on ``model`` as it is now, or None when it can."""
+    inner = _unwrap(model)
+    config = getattr(inner, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SHARED_PROMPT_MODEL_TYPES:
+        verified = ", ".join(sorted(SHARED_PROMPT_MODEL_TYPES))
+        return f"model type {model_type!r} is not one it is verified on ({verified})"
+    if any(t != "full_attention" for t in getattr(config, "layer_types", None) or ()):
+        return "the model has sliding-window layers, whose cache drops old keys"
+    if getattr(config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
+        return f"attention implementation {config._attn_implementation!r} (verified: sdpa, eager)"
+    if inner.training and (
+        getattr(config, "attention_dropout", 0.0)
+        or any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in inner.modules())
+    ):
+        # Separate forwards draw G dropout masks over the prompt; one prompt pass draws one for all G.
+        return "dropout is active in training mode (the G completions would share one dropout draw on the prompt)"
+    if _checkpointed_layers(inner) and inner.training and torch.is_grad_enabled():
+        # transformers' checkpointed layers drop the cache argument unless the layer declares it only reads it
+        # (its backward replay would write it twice); both caches here give the same result when replayed, so
+        # they are declared so. The prompt's keys/values reach the completion pass outside the checkpointed
+        # call's inputs: only a non-reentrant checkpoint (transformers' default) carries their gradient.
+        if not hasattr(_gradient_checkpointing_layer(), "_can_checkpoint_with_cache"):
+            return "gradient checkpointing in this transformers version drops the prompt cache"
+        if any(_reentrant(layer) for layer in _checkpointed_layers(inner)):
+            return "reentrant gradient checkpointing would not carry the gradient of the prompt's keys and values"
+    if _cache_classes() is None:
+        return "this transformers version has no layered cache (transformers >= 4.56 with DynamicLayer needed)"
+    return None
+
+
+def _gradient_checkpointing_layer():
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:
+        return object
+    return GradientCheckpointingLayer
+
+
+def _checkpointed_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    cls = _gradient_checkpointing_layer()
+    return [m for m in model.modules() if isinstance(m, cls) and getattr(m, "gradient_checkpointing", False)]
+
+
+def _reentrant(layer: torch.nn.Module) -> bool:
+    fn = getattr(layer, "_gradient_checkpointing_func", None)
+    return getattr(fn, "keywords", {}).get("use_reentrant", True) is not False  # torch's own default is reentrant
+
+
+@contextmanager
+def _checkpointed_layers_keep_the_cache(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block, checkpointed decoder layers are told the cache is read-only (it is: see the callers),
+    so they keep it; the class's attribute is restored on exit."""
+    layers = _checkpointed_layers(_unwrap(model))
+    for layer in layers:
+        layer._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer._can_checkpoint_with_cache
+
+
+def _cache_classes():
+    try:
+        from transformers.cache_utils import DynamicCache, DynamicLayer
+    except ImportError:
+        return None
+    return DynamicCache, DynamicLayer
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """transformers 5.24 renamed ``past_key_values`` to ``cache``; take whichever the forward declares."""
+    params = inspect.signature(type(_bare(model)).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _bare(model: torch.nn.Module) -> torch.nn.Module:
+    inner = _unwrap(model)
+    return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+
+
+def _capture_cache(num_layers: int):
+    """A cache that keeps each layer's latest keys/values and returns them as they are: the prompt pass attends
+    to its own tokens only, and a checkpoint's replay of a layer stores the same values again."""
+    DynamicCache, DynamicLayer = _cache_classes()
+
+    class CaptureLayer(DynamicLayer):
+        def update(self, key_states, value_states, *args, **kwargs):
+            self.keys, self.values, self.is_initialized = key_states, value_states, True
+            self.device, self.dtype = key_states.device, key_states.dtype
+            return key_states, value_states
+
+    cache = DynamicCache()
+    cache.layers = [CaptureLayer() for _ in range(num_layers)]
+    return cache
+
+
+def _prefix_cache(layers_kv: list[tuple[torch.Tensor, torch.Tensor]]):
+    """A cache that serves fixed prompt keys/values and never grows: ``update`` returns [prompt | new] without
+    storing it, so the cache stays the prompt alone whatever runs through it (a checkpoint's replay included)."""
+    DynamicCache, DynamicLayer = _cache_classes()
+
+    class PrefixLayer(DynamicLayer):
+        def __init__(self, keys, values):
+            super().__init__()
+            self.keys, self.values = keys, values
+            self.device, self.dtype, self.is_initialized = keys.device, keys.dtype, True
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            return torch.cat([self.keys, key_states], dim=-2), torch.cat([self.values, value_states], dim=-2)
+
+    cache = DynamicCache()
+    cache.layers = [PrefixLayer(k, v) for k, v in layers_kv]
+    return cache
+
+
+def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature, with_entropy, head):
+    """The shared-prompt forward (module docstring); None when no prompt repeats (nothing to share)."""
+    N, L = ids_NL.shape
+    T = comp_NT.shape[1]
+    P = L - T
+    prompt_NP, pmask_NP = ids_NL[:, :P], attn_NL[:, :P]
+    # Rows of a group are consecutive: a row whose prompt (ids and padding) equals the previous row's shares its
+    # pass. Decided by content, so a micro-batch that starts or ends inside a group is handled like any other.
+    new_N = torch.ones(N, dtype=torch.bool, device=ids_NL.device)
+    new_N[1:] = ((prompt_NP[1:] != prompt_NP[:-1]) | (pmask_NP[1:] != pmask_NP[:-1])).any(-1)
+    first_U = new_N.nonzero().squeeze(1)  # two host syncs per micro-batch: this and the lengths below
+    # All-pad columns change nothing (masked keys; completion pads come after every real token): trim them to
+    # this micro-batch's longest prompt and completion, and skip the last completion token, which predicts nothing.
+    p_len, t_len = torch.stack([pmask_NP.sum(-1).max(), attn_NL[:, P:].sum(-1).max()]).tolist()
+    if first_U.numel() == N or p_len == 0 or t_len <= 1:
+        # Nothing to share; or no completion pass to run, which under DDP would leave the micro-batch without
+        # the one DDP forward its reducer expects before backward.
+        return None
+    prompt_of_N = new_N.cumsum(0) - 1
+    cols = slice(P - p_len, P)
+    key = _cache_kwarg(model)
+    # use_cache=False with an explicit cache: the layers still read and write it (transformers only builds a
+    # cache of its own when use_cache is set), and no "incompatible with gradient checkpointing" warning.
+    with (
+        _head_passes_hidden_states(head) if head is not None else nullcontext(),
+        _checkpointed_layers_keep_the_cache(model),
+    ):
+        # The prompt pass runs through the model without DDP: the completion pass below is the one DDP forward of
+        # this micro-batch, so its reducer sees one forward and one backward; its parameter hooks see the sum.
+        # Under FSDP2 both passes go through the sharded model, whose hooks run per call: each layer's weights are
+        # gathered for each pass in forward and backward (twice the all-gathers of the one-forward path, and its
+        # gradient reduced once per pass), the gradients adding up as on one process (tests/train/test_fsdp.py
+        # compares FSDP, DDP and one process, all on this path).
+        cache = _capture_cache(_bare(model).config.get_text_config().num_hidden_layers)
+        last_U1X = _unwrap(model)(
+            input_ids=prompt_NP[first_U, cols],
+            attention_mask=pmask_NP[first_U, cols],
+            position_ids=pos_NL[first_U, cols],
+            use_cache=False,
+            logits_to_keep=1,
+            **{key: cache},
+        ).logits
+        prefix = [
+            (layer.keys.index_select(0, prompt_of_N), layer.values.index_select(0, prompt_of_N))
+            for layer in cache.layers
+        ]
+        mask_NX = torch.cat([pmask_NP[:, cols], attn_NL[:, P : P + t_len - 1]], dim=1)
+        out_NtX = model(
+            input_ids=comp_NT[:, : t_len - 1],
+            attention_mask=mask_NX,
+            position_ids=pos_NL[:, P : P + t_len - 1],
+            use_cache=False,
+            logits_to_keep=0,
+            **{key: _prefix_cache(prefix)},
+        ).logits
+    # The prompt's last position predicts completion token 0; completion position t predicts token t+1.
+    out_NtX = torch.cat([last_U1X.index_select(0, prompt_of_N), out_NtX], dim=1)
+    logp_Nt, ent_Nt = _logprobs_from(out_NtX, comp_NT[:, :t_len], temperature, with_entropy, head)
+    pad = (0, T - t_len)  # trimmed columns are padding: log-prob and entropy 0 there, outside every loss mask
+    return F.pad(logp_Nt, pad), None if ent_Nt is None else F.pad(ent_Nt, pad)

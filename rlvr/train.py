@@ -147,12 +147,14 @@ def advantage(run: Run, batch: Rollouts) -> torch.Tensor:
 
 def completion_logprobs(run: Run, model: torch.nn.Module, mb: PackedBatch,
                         with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One forward over [prompt | completion]; log-probs (and entropy) of the completion tokens from
+    """One forward over [prompt | completion] (or, shared_prompt_forward, one per distinct prompt and one over the
+    completions against its cached keys/values); log-probs (and entropy) of the completion tokens from
     temperature-scaled logits, as the sampler drew them, a chunk of tokens at a time (never [N, T, V])."""
     temp = run.cfg.rollout.temperature or 1.0  # greedy sampling: log-probs of the plain distribution
     with torch.autocast(run.device.type, torch.bfloat16, enabled=run.cfg.train.mixed_precision == "bf16"):
         return policy_logprobs.completion_logprobs(model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL,
-                                                   mb.completion_ids_NT, temp, with_entropy=with_entropy)
+                                                   mb.completion_ids_NT, temp, with_entropy=with_entropy,
+                                                   shared_prompt=run.cfg.train.shared_prompt_forward)
 
 
 @torch.no_grad()
