@@ -331,8 +331,8 @@ class TrainConfig(_Section):
         "and values cached, gradients flowing back through them) instead of G forwards over [prompt | completion]: "
         "same loss and gradients, (G-1)/G less prompt compute, in the update and the old/reference log-prob "
         "passes. Used where verified (Llama, Qwen2, Qwen3; sdpa/eager attention; no active dropout) when a "
-        "micro-batch repeats a prompt; otherwise the one-forward path, with a warning. false: TRL's one forward, "
-        "bit for bit. See docs/architecture.md.",
+        "micro-batch repeats a prompt; otherwise the one-forward path, with a warning. false: always one forward "
+        "over [prompt | completion] per completion, as TRL does. See docs/architecture.md.",
     )
     memory_check: Literal["refuse", "warn", "skip"] = Field(
         "refuse",
