@@ -307,6 +307,14 @@ class TrainConfig(_Section):
         "is torch.compile'd once per parameter shape (minutes on a small CPU) and the quantised moments change "
         "the trajectory slightly.",
     )
+    release_freed_memory: bool = Field(
+        True,
+        description="CPU runs on Linux (glibc): allocations over 128 KiB are mapped from and returned to the "
+        "system when freed (mallopt M_MMAP_THRESHOLD), so the resident set follows the tensors alive. glibc's "
+        "default keeps freed blocks of up to 32 MiB in its heap for reuse, which raised the measured peak of a "
+        "step 0.4-0.6 GiB over the tensors (more on larger models; docs/memory.md). Costs a page fault per "
+        "fresh page of a large allocation. Not applied when MALLOC_MMAP_THRESHOLD_ is set in the environment.",
+    )
     memory_check: Literal["refuse", "warn", "skip"] = Field(
         "refuse",
         description="Before loading the model, estimate the run's peak memory (`rlvr plan`) and refuse "

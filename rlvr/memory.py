@@ -112,6 +112,34 @@ class PhaseMeter(PhaseTimer):
         return out
 
 
+# Allocations over this size are mapped from the system and unmapped when freed (glibc's initial default,
+# which it otherwise raises to the largest block freed so far, up to 32 MiB, and then keeps such blocks).
+MMAP_THRESHOLD_BYTES = 128 * 1024
+_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
+
+def release_freed_memory() -> bool:
+    """Make glibc return freed blocks over 128 KiB to the system instead of keeping them in its heap.
+
+    A training step frees and allocates many activation-sized blocks (MiB to tens of MiB); with glibc's
+    dynamic threshold those are served from the heap, and freed ones stay resident, so the process's peak
+    is the heap's high-water mark rather than the tensors alive (measured 1.53 vs 0.92 GiB on the small
+    benchmark step). Fixing the threshold costs a page fault per fresh page of each large allocation. Not
+    applied when the user set MALLOC_MMAP_THRESHOLD_ (glibc reads it at start-up), nor off glibc.
+    Returns whether the policy was set."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and other C libraries: no mallopt
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
 # ---------------------------------------------------------------------------------- the plan
 
 
@@ -251,6 +279,9 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
         f"assumes prompts of {P} tokens (rollout.max_prompt_length or the plan's --prompt-tokens), "
         f"completions of {r.max_completion_length}, {N} completions per generation batch, micro-batches of {mb}"
     ]
+    if device == "cpu" and not t.release_freed_memory:
+        notes.append("train.release_freed_memory=false: the C heap's retained freed blocks are not in this "
+                     "estimate; the measured peak can be well above it")
     return Plan(device, resident, phases, notes)
 
 
@@ -405,4 +436,5 @@ __all__ = [
     "check_fits",
     "model_shape",
     "device_free_memory",
+    "release_freed_memory",
 ]

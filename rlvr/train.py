@@ -291,6 +291,8 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
         torch.set_num_threads(cfg.train.num_threads)
     random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
+    if device.type == "cpu" and cfg.train.release_freed_memory:
+        memory.release_freed_memory()  # the resident set follows the tensors, as the plan assumes
     memory.check_fits(cfg, device)  # refuse up front, with the plan, rather than die of OOM mid-step
     tokenizer = load_tokenizer(cfg.model.path)
     model = load_model(cfg, device)
