@@ -234,6 +234,10 @@ def child(spec: dict) -> None:
         res["cuda_peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
     rank = int(os.environ.get("RANK", "0"))
     Path(spec["result"] + ("" if rank == 0 else f".rank{rank}")).write_text(json.dumps(res))
+    if spec.get("ranks", 1) > 1:  # as `rlvr train` does: a rank that finished skips the interpreter's teardown
+        from rlvr.distributed import leave
+
+        leave(0)
 
 
 # ------------------------------------------------------------------------------------ watchdog
