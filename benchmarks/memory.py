@@ -148,7 +148,8 @@ def run_rlvr(
     from rlvr.train import train
 
     out = Path(os.environ.get("RLVR_MEM_OUT") or tempfile.mkdtemp(prefix="rlvr-mem-"))  # one folder for all ranks
-    cfg = load_config(None, rlvr_overrides(folder, lora, beta, mb, ckpt, out, ranks, parallelism))
+    extra = json.loads(os.environ.get("RLVR_MEM_SET", "[]"))  # --set: the knobs a configuration needs to fit
+    cfg = load_config(None, rlvr_overrides(folder, lora, beta, mb, ckpt, out, ranks, parallelism) + extra)
     plan = estimate(cfg, model_shape(cfg.model.path), "cpu", PROMPT_TOKENS)
     t0 = time.perf_counter()
     train(cfg)
@@ -308,6 +309,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per configuration")
     ap.add_argument("--workdir", default=None, help="where the model folder is built (kept for reuse)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="rlvr only: an extra config override for every rlvr configuration (e.g. train.optim=adamw_torch_8bit)",
+    )
     ap.add_argument("--ranks", type=int, default=1, help="rlvr only: processes (torchrun, gloo on CPU)")
     ap.add_argument("--parallelism", choices=["ddp", "fsdp"], default="ddp", help="with --ranks > 1")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -350,15 +358,25 @@ def main() -> None:
             "parallelism": a.parallelism,
         }
         cmd, env, per_pid = [sys.executable, __file__, "--child", json.dumps(spec)], None, {}
+        if a.set and framework == "rlvr":
+            env = {**os.environ, "RLVR_MEM_SET": json.dumps(a.set)}
+            name = f"{name}[{' '.join(a.set)}]"
         if a.ranks > 1:  # one process per rank; rank 0's metrics line is the mean over ranks, so each rank's
             # own peak comes from the watchdog's samples of its process
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.ranks}"]
             cmd += [__file__, "--child", json.dumps(spec)]
-            env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "CUDA_VISIBLE_DEVICES": ""}
+            env = {**(env or os.environ), "OMP_NUM_THREADS": str(spec["threads"]), "CUDA_VISIBLE_DEVICES": ""}
             env["RLVR_MEM_OUT"] = tempfile.mkdtemp(prefix="rlvr-mem-")
             name = f"{name}-{a.parallelism}-{a.ranks}ranks"
         status, rss, wall = supervise(cmd, int(a.cap_gib * GIB), a.timeout, env, per_pid)
-        row = {"config": name, "status": status, "sampled_peak_rss_gib": round(rss / GIB, 2), "wall_s": round(wall, 1)}
+        row = {
+            "config": name,
+            "key": f"{mode}-{beta}",
+            "framework": framework,
+            "status": status,
+            "sampled_peak_rss_gib": round(rss / GIB, 2),
+            "wall_s": round(wall, 1),
+        }
         if status == "ok":
             row.update(json.loads(result_file.read_text()))
             row["peak_gib"] = max(row["peak_gib"], row["sampled_peak_rss_gib"])  # model loading is not a phase
@@ -378,10 +396,10 @@ def main() -> None:
         result_file.unlink(missing_ok=True)
         results.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
-    by = {r["config"]: r for r in results}
+    trl = {r["key"]: r for r in results if r["framework"] == "trl"}
     for r in results:
-        other = by.get(("trl" if r["config"].startswith("rlvr") else "rlvr") + r["config"][r["config"].index("-") :])
-        if r["config"].startswith("rlvr") and other and "peak_gib" in r and "peak_gib" in other:
+        other = trl.get(r["key"])
+        if r["framework"] == "rlvr" and other and "peak_gib" in r and "peak_gib" in other:
             r["rlvr_over_trl"] = round(r["peak_gib"] / other["peak_gib"], 3)
     print(
         json.dumps(
