@@ -291,7 +291,8 @@ class TrainConfig(_Section):
         "weights, gradients and AdamW state (4x the weights in float32), gradients averaged once per step. fsdp: "
         "FSDP2, each decoder layer and the root sharded, so each rank keeps ~1/world of that, at the cost of "
         "gathering every layer's weights for each forward and backward; with model.dtype bfloat16/float16 the "
-        "weights are kept in float32 and only the compute runs in that dtype. One process: both are the plain "
+        "trainable weights are kept in float32 and only the compute runs in that dtype (frozen ones, e.g. LoRA's "
+        "base, stay in that dtype). One process: both are the plain "
         "model. See docs/scaling.md.",
     )
     fsdp_cpu_offload: bool = Field(
