@@ -11,7 +11,8 @@ the number of ranks. The training loop does not change: parameters are DTensors,
 
 Mixed precision: when ``model.dtype`` is bfloat16/float16 the trainable shards are kept in float32 (master
 weights, AdamW state; frozen weights stay in that dtype) and FSDP casts each gathered layer to that dtype
-for the compute, reducing gradients in float32 (torchtitan's default). ``fsdp_cpu_offload`` keeps the shards in CPU memory.
+for the compute, reducing gradients in float32 (torchtitan's default). ``fsdp_cpu_offload`` keeps the
+shards in CPU memory.
 
 Rollouts need whole weights: the native and hf engines run on a plain copy of the model
 (`GatheredEngine`), refreshed from the shards by one all-gather per parameter at each weight sync (all

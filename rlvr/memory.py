@@ -280,8 +280,10 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
         f"completions of {r.max_completion_length}, {N} completions per generation batch, micro-batches of {mb}"
     ]
     if device == "cpu" and not t.release_freed_memory:
-        notes.append("train.release_freed_memory=false: the C heap's retained freed blocks are not in this "
-                     "estimate; the measured peak can be well above it")
+        notes.append(
+            "train.release_freed_memory=false: the C heap's retained freed blocks are not in this "
+            "estimate; the measured peak can be well above it"
+        )
     return Plan(device, resident, phases, notes)
 
 

@@ -198,8 +198,13 @@ print((rss() - before) / 2**20)
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the policy is glibc's mallopt")
 def test_release_freed_memory_returns_freed_blocks_to_the_system():
     def retained_mib(mode):
-        out = subprocess.run([sys.executable, "-c", _RETAINED, mode], capture_output=True, text=True, check=True,
-                             env={k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"})
+        out = subprocess.run(
+            [sys.executable, "-c", _RETAINED, mode],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"},
+        )
         return float(out.stdout.split()[-1])
 
     # glibc's default keeps the freed 64 MiB resident; the policy leaves only the kept 1 MiB tensor.
@@ -218,3 +223,24 @@ def test_plan_says_when_the_retained_heap_is_not_in_it():
     released = estimate(load_config(None, []), shape, "cpu")
     assert any("release_freed_memory=false" in n for n in kept.notes)
     assert not any("release_freed_memory" in n for n in released.notes)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the policy is for CPU runs; this run would pick CUDA")
+@pytest.mark.parametrize("release", [True, False])
+def test_a_cpu_run_sets_the_allocator_policy_before_loading_the_model(monkeypatch, tmp_path, release):
+    import rlvr.train
+
+    calls = []
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(memory, "release_freed_memory", lambda: calls.append("policy"))
+    monkeypatch.setattr(memory, "check_fits", stop)  # the next step of setup: nothing is loaded
+    cfg = load_config(None, [f"log.output_dir={tmp_path}", f"train.release_freed_memory={str(release).lower()}"])
+    with pytest.raises(Stop):
+        rlvr.train.setup(cfg)
+    assert calls == (["policy"] if release else [])
