@@ -80,6 +80,9 @@ def shard(
         for p in model.parameters():
             if p.requires_grad:
                 p.data = p.data.float()
+        for b in model.buffers():  # as model.float() would (rotary tables): the compute is as before
+            if b.is_floating_point():
+                b.data = b.data.float()
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         _COMPUTE_DTYPE[model] = dtype
     checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5; older: the next name
