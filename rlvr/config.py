@@ -313,7 +313,7 @@ class TrainConfig(_Section):
         description="CPU runs on Linux (glibc): allocations over 128 KiB are mapped from and returned to the "
         "system when freed (mallopt M_MMAP_THRESHOLD), so the resident set follows the tensors alive. glibc's "
         "default keeps freed blocks of up to 32 MiB in its heap for reuse, which raised the measured peak of a "
-        "step 0.4-0.6 GiB over the tensors (more on larger models; docs/memory.md). Costs a page fault per "
+        "step 0.4-0.6 GiB over the tensors on the small benchmark (docs/memory.md). Costs a page fault per "
         "fresh page of a large allocation. Not applied when MALLOC_MMAP_THRESHOLD_ is set in the environment.",
     )
     memory_check: Literal["refuse", "warn", "skip"] = Field(
