@@ -51,6 +51,15 @@ ARCH = {
         num_key_value_heads=4,
         head_dim=64,
     ),
+    "tiny": dict(  # a check that the script runs (seconds), not a figure
+        vocab_size=8192,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+    ),
 }
 PROMPTS, G, PROMPT_TOKENS, COMPLETION_TOKENS = 4, 8, 128, 256
 
@@ -100,8 +109,10 @@ def build_workload(scale: str, folder: Path) -> None:
 # ------------------------------------------------------------------------------------ children
 
 
-def rlvr_overrides(folder: Path, lora: bool, beta: float, mb: int, ckpt: bool, out: Path) -> list[str]:
-    ga = PROMPTS * G // mb
+def rlvr_overrides(
+    folder: Path, lora: bool, beta: float, mb: int, ckpt: bool, out: Path, ranks: int = 1, parallelism: str = "ddp"
+) -> list[str]:
+    ga = PROMPTS * G // (mb * ranks)  # the same generation batch over all ranks: each samples 1/ranks of it
     return [
         f"model.path={folder / 'model'}",
         "model.dtype=bfloat16",
@@ -115,6 +126,7 @@ def rlvr_overrides(folder: Path, lora: bool, beta: float, mb: int, ckpt: bool, o
         f"rollout.max_prompt_length={PROMPT_TOKENS}",
         f"train.per_device_train_batch_size={mb}",
         f"train.gradient_accumulation_steps={ga}",
+        f"train.parallelism={parallelism}",
         "train.max_steps=1",
         "train.learning_rate=1e-6",
         "train.memory_check=skip",
@@ -128,18 +140,24 @@ def rlvr_overrides(folder: Path, lora: bool, beta: float, mb: int, ckpt: bool, o
     ]
 
 
-def run_rlvr(folder: Path, lora: bool, beta: float, mb: int, ckpt: bool) -> dict:
+def run_rlvr(
+    folder: Path, lora: bool, beta: float, mb: int, ckpt: bool, ranks: int = 1, parallelism: str = "ddp"
+) -> dict:
     from rlvr.config import load_config
     from rlvr.memory import estimate, format_plan, model_shape
     from rlvr.train import train
 
-    out = Path(tempfile.mkdtemp(prefix="rlvr-mem-"))
-    cfg = load_config(None, rlvr_overrides(folder, lora, beta, mb, ckpt, out))
+    out = Path(os.environ.get("RLVR_MEM_OUT") or tempfile.mkdtemp(prefix="rlvr-mem-"))  # one folder for all ranks
+    extra = json.loads(os.environ.get("RLVR_MEM_SET", "[]"))  # --set: the knobs a configuration needs to fit
+    cfg = load_config(None, rlvr_overrides(folder, lora, beta, mb, ckpt, out, ranks, parallelism) + extra)
     plan = estimate(cfg, model_shape(cfg.model.path), "cpu", PROMPT_TOKENS)
     t0 = time.perf_counter()
     train(cfg)
+    if int(os.environ.get("RANK", "0")) != 0:  # rank 0 writes the metrics; the others report their pid
+        return {"pid": os.getpid(), "wall_s": round(time.perf_counter() - t0, 1)}
     line = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
     return {
+        "pid": os.getpid(),
         "wall_s": round(time.perf_counter() - t0, 1),
         "phase_peaks_gib": {k.split("/", 1)[1]: round(v, 2) for k, v in line.items() if k.startswith("memory/")},
         "plan_peak_gib": round(plan.peak / GIB, 2),
@@ -199,8 +217,11 @@ def child(spec: dict) -> None:
     import torch
 
     torch.set_num_threads(spec["threads"])
-    fn = run_rlvr if spec["framework"] == "rlvr" else run_trl
-    res = fn(Path(spec["folder"]), spec["lora"], spec["beta"], spec["micro_batch"], spec["checkpointing"])
+    args = (Path(spec["folder"]), spec["lora"], spec["beta"], spec["micro_batch"], spec["checkpointing"])
+    if spec["framework"] == "rlvr":
+        res = run_rlvr(*args, spec.get("ranks", 1), spec.get("parallelism", "ddp"))
+    else:
+        res = run_trl(*args)
     # rlvr's per-phase meter resets the kernel's peak-RSS counter at each phase start, so getrusage alone
     # would only see the last phase: the peak is the larger of it and the largest phase peak.
     res["peak_gib"] = round(
@@ -212,36 +233,48 @@ def child(spec: dict) -> None:
     )
     if torch.cuda.is_available():
         res["cuda_peak_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
-    Path(spec["result"]).write_text(json.dumps(res))
+    rank = int(os.environ.get("RANK", "0"))
+    Path(spec["result"] + ("" if rank == 0 else f".rank{rank}")).write_text(json.dumps(res))
+    if spec.get("ranks", 1) > 1:  # as `rlvr train` does: a rank that finished skips the interpreter's teardown
+        from rlvr.distributed import leave
+
+        leave(0)
 
 
 # ------------------------------------------------------------------------------------ watchdog
 
 
-def tree_rss(proc) -> int:
+def tree_rss(proc, per_pid: dict[int, int]) -> int:
+    """RSS of proc and all its descendants; per_pid keeps each process's largest sample."""
     total = 0
     for p in [proc, *proc.children(recursive=True)]:
         try:
-            total += p.memory_info().rss
+            rss = p.memory_info().rss
         except Exception:  # a child that just exited
-            pass
+            continue
+        total += rss
+        per_pid[p.pid] = max(per_pid.get(p.pid, 0), rss)
     return total
 
 
-def supervise(cmd: list[str], cap: int, timeout: float) -> tuple[str, int, float]:
-    """Run cmd; kill it when its tree's RSS exceeds cap or it runs past timeout. -> (status, max RSS, seconds)."""
+def supervise(
+    cmd: list[str], cap: int, timeout: float, env: dict | None = None, per_pid: dict[int, int] | None = None
+) -> tuple[str, int, float]:
+    """Run cmd; kill it when its tree's RSS exceeds cap or it runs past timeout. -> (status, max RSS, seconds).
+    per_pid, when given, receives each process's peak sampled RSS (the ranks of a torchrun)."""
     import psutil
 
     t0 = time.perf_counter()
-    popen = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    popen = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     proc, peak, status = psutil.Process(popen.pid), 0, "ok"
+    per_pid = {} if per_pid is None else per_pid
     log = tempfile.NamedTemporaryFile("w+", delete=False, suffix=".log")
     import threading
 
     pump = threading.Thread(target=lambda: [log.write(line) for line in popen.stdout], daemon=True)
     pump.start()
     while popen.poll() is None:
-        peak = max(peak, tree_rss(proc))
+        peak = max(peak, tree_rss(proc, per_pid))
         if peak > cap:
             status = "killed above cap"
         elif time.perf_counter() - t0 > timeout:
@@ -276,6 +309,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per configuration")
     ap.add_argument("--workdir", default=None, help="where the model folder is built (kept for reuse)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="rlvr only: an extra config override for every rlvr configuration (e.g. train.optim=adamw_torch_8bit)",
+    )
+    ap.add_argument("--ranks", type=int, default=1, help="rlvr only: processes (torchrun, gloo on CPU)")
+    ap.add_argument("--parallelism", choices=["ddp", "fsdp"], default="ddp", help="with --ranks > 1")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -300,6 +342,8 @@ def main() -> None:
     results = []
     for name in a.configs.split(","):
         framework, mode, beta = name.split("-", 2)
+        if a.ranks > 1 and framework != "rlvr":
+            raise SystemExit(f"--ranks {a.ranks} measures rlvr's parallelism; {name} is not an rlvr configuration")
         result_file = Path(tempfile.mkstemp(suffix=".json")[1])
         spec = {
             "framework": framework,
@@ -308,27 +352,54 @@ def main() -> None:
             "folder": str(folder),
             "micro_batch": a.micro_batch,
             "checkpointing": not a.no_checkpointing,
-            "threads": a.threads,
+            "threads": max(1, a.threads // a.ranks),
             "result": str(result_file),
+            "ranks": a.ranks,
+            "parallelism": a.parallelism,
         }
-        status, rss, wall = supervise(
-            [sys.executable, __file__, "--child", json.dumps(spec)], int(a.cap_gib * GIB), a.timeout
-        )
-        row = {"config": name, "status": status, "sampled_peak_rss_gib": round(rss / GIB, 2), "wall_s": round(wall, 1)}
+        cmd, env, per_pid = [sys.executable, __file__, "--child", json.dumps(spec)], None, {}
+        if a.set and framework == "rlvr":
+            env = {**os.environ, "RLVR_MEM_SET": json.dumps(a.set)}
+            name = f"{name}[{' '.join(a.set)}]"
+        if a.ranks > 1:  # one process per rank; rank 0's metrics line is the mean over ranks, so each rank's
+            # own peak comes from the watchdog's samples of its process
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.ranks}"]
+            cmd += [__file__, "--child", json.dumps(spec)]
+            env = {**(env or os.environ), "OMP_NUM_THREADS": str(spec["threads"]), "CUDA_VISIBLE_DEVICES": ""}
+            env["RLVR_MEM_OUT"] = tempfile.mkdtemp(prefix="rlvr-mem-")
+            name = f"{name}-{a.parallelism}-{a.ranks}ranks"
+        status, rss, wall = supervise(cmd, int(a.cap_gib * GIB), a.timeout, env, per_pid)
+        row = {
+            "config": name,
+            "key": f"{mode}-{beta}",
+            "framework": framework,
+            "status": status,
+            "sampled_peak_rss_gib": round(rss / GIB, 2),
+            "wall_s": round(wall, 1),
+        }
         if status == "ok":
             row.update(json.loads(result_file.read_text()))
             row["peak_gib"] = max(row["peak_gib"], row["sampled_peak_rss_gib"])  # model loading is not a phase
-            if "plan_peak_gib" in row:
+            if a.ranks > 1:
+                pids = [row["pid"]] + [
+                    json.loads(Path(f"{result_file}.rank{r}").read_text())["pid"] for r in range(1, a.ranks)
+                ]
+                row["per_rank_peak_gib"] = [round(per_pid.get(pid, 0) / GIB, 2) for pid in pids]
+                row["peak_gib"] = max(row["per_rank_peak_gib"])  # of one rank; sampled_peak_rss_gib: all together
+                row["phase_peaks_note"] = "phase_peaks_gib: mean over ranks"
+                for r in range(1, a.ranks):
+                    Path(f"{result_file}.rank{r}").unlink(missing_ok=True)
+            if "plan_peak_gib" in row and not (a.ranks > 1 and a.parallelism == "fsdp"):  # the plan is per process
                 row["plan_over_measured"] = round(row["plan_peak_gib"] / row["peak_gib"], 3)
         elif status == "killed above cap":
             row["result"] = f"did not fit in {a.cap_gib:g} GiB"
         result_file.unlink(missing_ok=True)
         results.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
-    by = {r["config"]: r for r in results}
+    trl = {r["key"]: r for r in results if r["framework"] == "trl"}
     for r in results:
-        other = by.get(("trl" if r["config"].startswith("rlvr") else "rlvr") + r["config"][r["config"].index("-") :])
-        if r["config"].startswith("rlvr") and other and "peak_gib" in r and "peak_gib" in other:
+        other = trl.get(r["key"])
+        if r["framework"] == "rlvr" and other and "peak_gib" in r and "peak_gib" in other:
             r["rlvr_over_trl"] = round(r["peak_gib"] / other["peak_gib"], 3)
     print(
         json.dumps(
@@ -340,6 +411,8 @@ def main() -> None:
                 "prompt_tokens": PROMPT_TOKENS,
                 "completion_tokens": COMPLETION_TOKENS,
                 "micro_batch": a.micro_batch,
+                "ranks": a.ranks,
+                "parallelism": a.parallelism if a.ranks > 1 else None,
                 "checkpointing": not a.no_checkpointing,
                 "cap_gib": a.cap_gib,
                 "machine": {"cpus": os.cpu_count(), "note": "shared with other jobs"},

@@ -9,9 +9,10 @@ next to DDP: the same reduce traffic plus one all-gather of the weights per forw
 the number of ranks. The training loop does not change: parameters are DTensors, clipping
 (``clip_grad_norm_``), AdamW and the checkpoint (torch.distributed.checkpoint) understand them.
 
-Mixed precision: when ``model.dtype`` is bfloat16/float16 the shards are kept in float32 (master
-weights, AdamW state) and FSDP casts each gathered layer to that dtype for the compute, reducing
-gradients in float32 (torchtitan's default). ``fsdp_cpu_offload`` keeps the shards in CPU memory.
+Mixed precision: when ``model.dtype`` is bfloat16/float16 the trainable shards are kept in float32 (master
+weights, AdamW state; frozen weights stay in that dtype) and FSDP casts each gathered layer to that dtype
+for the compute, reducing gradients in float32 (torchtitan's default). ``fsdp_cpu_offload`` keeps the
+shards in CPU memory.
 
 Rollouts need whole weights: the native and hf engines run on a plain copy of the model
 (`GatheredEngine`), refreshed from the shards by one all-gather per parameter at each weight sync (all
@@ -63,9 +64,11 @@ def shard(
 ) -> torch.nn.Module:
     """``fully_shard`` every decoder layer, then the root, over all ranks (in place; returns `model`).
 
-    A trainable model loaded in bfloat16/float16 is first upcast to float32 (master weights: a full
-    float32 copy per rank for a moment, before the shards are cut) and computes in its load dtype;
-    a frozen one (the reference) stays in its dtype. Every rank must hold the same weights here:
+    The trainable parameters of a model loaded in bfloat16/float16 are first upcast to float32 (master
+    weights: a full float32 copy of them per rank for a moment, before the shards are cut) and compute in
+    the load dtype; frozen parameters (the reference model, LoRA's base weights) stay in their dtype:
+    nothing updates them, so a float32 copy would only double their shards (FSDP2 needs one dtype among
+    the trainable parameters only). Every rank must hold the same weights here:
     they do, since each loaded the same files and drew LoRA's random init from the same seed.
     """
     from torch.distributed.device_mesh import init_device_mesh
@@ -74,7 +77,12 @@ def shard(
     dtype = next(model.parameters()).dtype
     mp = MixedPrecisionPolicy()
     if trainable and dtype != torch.float32:
-        model.float()
+        for p in model.parameters():
+            if p.requires_grad:
+                p.data = p.data.float()
+        for b in model.buffers():  # as model.float() would (rotary tables): the compute is as before
+            if b.is_floating_point():
+                b.data = b.data.float()
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         _COMPUTE_DTYPE[model] = dtype
     checkpointing = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5; older: the next name

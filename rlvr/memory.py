@@ -112,6 +112,34 @@ class PhaseMeter(PhaseTimer):
         return out
 
 
+# Allocations over this size are mapped from the system and unmapped when freed (glibc's initial default,
+# which it otherwise raises to the largest block freed so far, up to 32 MiB, and then keeps such blocks).
+MMAP_THRESHOLD_BYTES = 128 * 1024
+_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
+
+def release_freed_memory() -> bool:
+    """Make glibc return freed blocks over 128 KiB to the system instead of keeping them in its heap.
+
+    A training step frees and allocates many activation-sized blocks (MiB to tens of MiB); with glibc's
+    dynamic threshold those are served from the heap, and freed ones stay resident, so the process's peak
+    is the heap's high-water mark rather than the tensors alive (measured 1.53 vs 0.92 GiB on the small
+    benchmark step). Fixing the threshold costs a page fault per fresh page of each large allocation. Not
+    applied when the user set MALLOC_MMAP_THRESHOLD_ (glibc reads it at start-up), nor off glibc.
+    Returns whether the policy was set."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and other C libraries: no mallopt
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
 # ---------------------------------------------------------------------------------- the plan
 
 
@@ -251,6 +279,12 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
         f"assumes prompts of {P} tokens (rollout.max_prompt_length or the plan's --prompt-tokens), "
         f"completions of {r.max_completion_length}, {N} completions per generation batch, micro-batches of {mb}"
     ]
+    if device == "cpu" and t.release_freed_memory is not True:
+        notes.append(
+            f"train.release_freed_memory={str(t.release_freed_memory).lower()}: unless it is applied (auto: when "
+            "this peak is over half the free memory), the C heap's retained freed blocks are not in this "
+            "estimate and the measured peak can be up to ~0.6 GiB above it"
+        )
     return Plan(device, resident, phases, notes)
 
 
@@ -368,10 +402,20 @@ class MemoryPlanError(UserError, MemoryError):
     it), and a MemoryError for code that catches those."""
 
 
-def check_fits(cfg: Config, device: torch.device, prompt_tokens: int | None = None) -> None:
-    """Raise MemoryError with the plan and the knobs that would fit when the estimate exceeds free memory."""
+def heap_release_wanted(setting: bool | str, estimate: tuple[int, int] | None) -> bool:
+    """``train.release_freed_memory`` resolved. auto: when memory binds (the estimated peak over half the free
+    memory), where the heap's retained blocks could decide between fitting and not; elsewhere the page
+    faults of unmapped blocks would only cost time. ``estimate``: (peak, free) bytes, None when unchecked."""
+    if setting != "auto":
+        return bool(setting)
+    return estimate is None or estimate[0] > estimate[1] // 2
+
+
+def check_fits(cfg: Config, device: torch.device, prompt_tokens: int | None = None) -> tuple[int, int] | None:
+    """Raise MemoryError with the plan and the knobs that would fit when the estimate exceeds free memory;
+    else return (estimated peak, free) in bytes (None with ``train.memory_check=skip``)."""
     if cfg.train.memory_check == "skip":
-        return
+        return None
     shape = model_shape(cfg.model.path, cfg.model.trust_remote_code)
     kind = "cuda" if device.type == "cuda" else "cpu"
     plan = estimate(cfg, shape, kind, prompt_tokens)
@@ -380,7 +424,7 @@ def check_fits(cfg: Config, device: torch.device, prompt_tokens: int | None = No
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         free, what = free // local, (what if local == 1 else f"{what} / {local} local processes")
     if plan.peak <= free:
-        return
+        return plan.peak, free
     msg = (
         f"the memory plan estimates a peak of {plan.peak / GIB:.2f} GiB, over the {free / GIB:.2f} GiB of "
         f"{what}.\n{format_plan(plan, free, what)}\nknobs that would make it fit:\n  "
@@ -389,7 +433,7 @@ def check_fits(cfg: Config, device: torch.device, prompt_tokens: int | None = No
     )
     if cfg.train.memory_check == "warn":
         warnings.warn(msg, stacklevel=2)  # the run's console shows rlvr's warnings
-        return
+        return plan.peak, free
     raise MemoryPlanError(msg)
 
 
@@ -405,4 +449,6 @@ __all__ = [
     "check_fits",
     "model_shape",
     "device_free_memory",
+    "release_freed_memory",
+    "heap_release_wanted",
 ]

@@ -295,7 +295,9 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
         torch.set_num_threads(cfg.train.num_threads)
     random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
-    memory.check_fits(cfg, device)  # refuse up front, with the plan, rather than die of OOM mid-step
+    fit = memory.check_fits(cfg, device)  # refuse up front, with the plan, rather than die of OOM mid-step
+    if device.type == "cpu" and memory.heap_release_wanted(cfg.train.release_freed_memory, fit):
+        memory.release_freed_memory()  # the resident set follows the tensors, as the plan assumes
     tokenizer = load_tokenizer(cfg.model.path)
     model = load_model(cfg, device)
     # beta = 0 loads no reference model (TRL default); with LoRA the base model is the reference.

@@ -457,3 +457,34 @@ def test_cpu_offload_without_fsdp_is_refused(tmp_path):
     assert load_config(
         None, [f"log.output_dir={tmp_path}", "train.fsdp_cpu_offload=true", "train.parallelism=fsdp"]
     ).train.fsdp_cpu_offload
+
+
+def test_lora_under_fsdp_keeps_the_frozen_base_in_its_dtype(tiny_model_dir):
+    """bf16 LoRA sharded: only the adapter gets float32 master weights; the frozen base stays bf16 (a float32
+    copy would double its shards, for weights nothing updates), and forward/backward still train the adapter.
+    One process with a 1-rank gloo group (DTensors need one)."""
+    import torch.distributed as dist
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from rlvr import fsdp
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)
+        model = get_peft_model(base, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+        fsdp.shard(model, torch.device("cpu"))
+        frozen = {p.to_local().dtype for p in model.parameters() if not p.requires_grad}
+        trained = {p.to_local().dtype for p in model.parameters() if p.requires_grad}
+        assert frozen == {torch.bfloat16} and trained == {torch.float32}
+        assert fsdp.compute_dtype(model) == torch.bfloat16
+        ids = torch.tensor([[1, 2, 3, 4, 5]])
+        out = model(input_ids=ids)
+        assert out.logits.dtype == torch.bfloat16  # computed in the load dtype
+        out.logits.float().logsumexp(-1).sum().backward()
+        grads = [p.grad for p in model.parameters() if p.requires_grad]
+        assert all(g is not None and torch.isfinite(g.to_local()).all() for g in grads)
+        assert any(g.to_local().abs().sum() > 0 for g in grads)
+        assert all(p.grad is None for p in model.parameters() if not p.requires_grad)
+    finally:
+        dist.destroy_process_group()

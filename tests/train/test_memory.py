@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import mmap
+import os
+import platform
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -171,3 +175,82 @@ def test_rlvr_train_refuses_before_loading_the_model(monkeypatch, tmp_path):
     res = CliRunner().invoke(app, ["train", f"log.output_dir={tmp_path}", "log.progress=false"])
     assert res.exit_code == 1 and "DOES NOT FIT" in res.output and "knobs that would make it fit" in res.output
     assert not loaded
+
+
+# A child that frees 64 MiB of 1 MiB tensors (one tensor kept after them, so the heap's top cannot be
+# trimmed) after a freed 16 MiB block has raised glibc's dynamic threshold, and prints the MiB still resident.
+_RETAINED = """
+import sys, torch
+from rlvr import memory
+if sys.argv[1] == "release":
+    assert memory.release_freed_memory()
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+big = torch.ones(4 * 1024 * 1024); del big
+before = rss()
+blocks = [torch.ones(256 * 1024) for _ in range(64)]
+keep = torch.ones(256 * 1024)
+del blocks
+print((rss() - before) / 2**20)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the policy is glibc's mallopt")
+def test_release_freed_memory_returns_freed_blocks_to_the_system():
+    def retained_mib(mode):
+        out = subprocess.run(
+            [sys.executable, "-c", _RETAINED, mode],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"},
+        )
+        return float(out.stdout.split()[-1])
+
+    # glibc's default keeps the freed 64 MiB resident; the policy leaves only the kept 1 MiB tensor.
+    assert retained_mib("default") > 48
+    assert retained_mib("release") < 8
+
+
+def test_release_freed_memory_leaves_the_users_setting(monkeypatch):
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert memory.release_freed_memory() is False
+
+
+def test_plan_says_when_the_retained_heap_is_not_in_it():
+    shape = ModelShape.from_hf_config(_qwen3_config())
+    kept = estimate(load_config(None, ["train.release_freed_memory=false"]), shape, "cpu")
+    released = estimate(load_config(None, ["train.release_freed_memory=true"]), shape, "cpu")
+    assert any("release_freed_memory=false" in n for n in kept.notes)
+    assert not any("release_freed_memory" in n for n in released.notes)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the policy is for CPU runs; this run would pick CUDA")
+@pytest.mark.parametrize(
+    "setting,fit,applied",
+    [
+        ("true", (1, 100), True),
+        ("false", (90, 100), False),
+        ("auto", (90, 100), True),  # memory binds: the estimate is over half the free memory
+        ("auto", (10, 100), False),  # plenty of room: no page-fault cost
+        ("auto", None, True),  # memory_check=skip: nothing known, be safe
+    ],
+)
+def test_a_cpu_run_sets_the_allocator_policy_before_loading_the_model(monkeypatch, tmp_path, setting, fit, applied):
+    import rlvr.train
+
+    calls = []
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(memory, "release_freed_memory", lambda: calls.append("policy"))
+    monkeypatch.setattr(memory, "check_fits", lambda *a, **k: fit)
+    monkeypatch.setattr(rlvr.train, "load_tokenizer", stop)  # the next step of setup: nothing is loaded
+    cfg = load_config(None, [f"log.output_dir={tmp_path}", f"train.release_freed_memory={setting}"])
+    with pytest.raises(Stop):
+        rlvr.train.setup(cfg)
+    assert calls == (["policy"] if applied else [])
