@@ -556,6 +556,8 @@ def table(results: list[dict]) -> str:
     rows = ["| workload | column | TRL s/step | rlvr s/step | TRL / rlvr | whole runs: TRL / rlvr | rlvr phases (s) "
             "| update matmul-bound |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
+        if "error" in r:
+            rows.append(f"| {r['workload']} | failed: {r['error'].splitlines()[0]} | | | | | | |")
         for dt in ("fp32", "bf16"):
             c = r.get(dt)
             if not c:
@@ -611,7 +613,11 @@ def main() -> None:
     results = []
     for n in names:
         w = scaled(WORKLOADS[n], args.smollm2_prompts) if n == "smollm2" else WORKLOADS[n]
-        results.append(bench_workload(w, args))
+        try:
+            results.append(bench_workload(w, args))
+        except (SystemExit, subprocess.TimeoutExpired) as e:  # one failed workload must not lose the others
+            results.append({"workload": n, "error": str(e)[-3000:]})
+        print(json.dumps(results[-1]), file=sys.stderr, flush=True)  # each workload as soon as it is measured
     flops_after = {d: matmul_flops(d, args.threads) for d in dtypes}
     for d in dtypes:
         flops[d] = max(flops[d], flops_after[d])  # the machine's bound: noise only slows a measurement
