@@ -3,7 +3,7 @@
     python benchmarks/vs_trl.py                                   # tiny + 27M, fp32 and bf16, 3 repeats
     python benchmarks/vs_trl.py --workloads tiny --repeats 1      # a quick look (~2 minutes)
     python benchmarks/vs_trl.py --workloads smollm2 --repeats 1 --no-bf16
-    python benchmarks/vs_trl.py --rlvr-bf16 "train.compute_dtype=bfloat16"   # the bf16 column's rlvr side
+    python benchmarks/vs_trl.py --rlvr-bf16 "model.dtype=bfloat16"   # another rlvr side for the bf16 column
 
 JSON on stdout (``> out.json``), a readable table on stderr.
 
@@ -80,9 +80,10 @@ per counted FLOP; the fraction says how fast the update does the work of a plain
 
 **bf16 column.** rlvr with bfloat16 compute against TRL with ``bf16=True`` (fp32 weights loaded,
 transformers' autocast through accelerate), same shapes; plus rlvr-bf16 against TRL-fp32. rlvr's side
-takes its overrides from ``RLVR_BF16_OVERRIDES`` (or ``--rlvr-bf16``): bf16 *weights*
-(``model.dtype=bfloat16``: no float32 master copy) until an opt-in bf16 compute key with float32 master
-weights exists; the JSON and the table carry the overrides used, so a figure says what it measured.
+takes its overrides from ``RLVR_BF16_OVERRIDES`` (or ``--rlvr-bf16``): ``train.mixed_precision=bf16``,
+float32 master weights and AdamW state with the policy's forward and backward under bf16 autocast, TRL's
+own meaning of ``bf16=True`` (on CPU rlvr's rollout stays on its float32 C kernel, faster there than any
+bf16 decode measured); the JSON and the table carry the overrides used, so a figure says what it measured.
 """
 
 from __future__ import annotations
@@ -104,9 +105,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve()
 
-# The rlvr side of the bf16 column. bf16 weights for now; switch to the bf16-compute key (autocast over
-# float32 master weights, e.g. "train.compute_dtype=bfloat16") once it exists, or pass --rlvr-bf16.
-RLVR_BF16_OVERRIDES = ("model.dtype=bfloat16",)
+# The rlvr side of the bf16 column: bf16 compute over float32 master weights, TRL's bf16=True (--rlvr-bf16
+# replaces it, e.g. "model.dtype=bfloat16" for bf16 weights).
+RLVR_BF16_OVERRIDES = ("train.mixed_precision=bf16",)
 
 
 @dataclass(frozen=True)
