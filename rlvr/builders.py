@@ -6,12 +6,11 @@ No registries: anyone copying the loop can swap one of these. What the run write
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -97,24 +96,12 @@ def load_model(cfg: Config, device: torch.device, trainable: bool = True) -> tor
 
 def update_threads(cfg: Config, model: torch.nn.Module, device: torch.device) -> int | None:
     """``train.update_threads`` resolved for this model: None keeps torch's setting."""
+    from rlvr.rollout.common import one_thread_suits
+
     setting = cfg.train.update_threads
     if setting != "auto":
         return setting
-    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
-    return 1 if device.type == "cpu" and hidden is not None and hidden < 512 else None
-
-
-@contextlib.contextmanager
-def torch_threads(threads: int | None) -> Iterator[None]:
-    """torch's intra-op threads set to ``threads`` within the block (no-op for None), restored after."""
-    previous = torch.get_num_threads()
-    if threads is not None and threads != previous:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != previous:
-            torch.set_num_threads(previous)
+    return 1 if device.type == "cpu" and one_thread_suits(model) else None
 
 
 def build_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:

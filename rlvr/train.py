@@ -23,7 +23,7 @@ import torch
 from rlvr import core, distributed, memory, policy_logprobs
 from rlvr.batch import LogProbs, PackedBatch, Rollouts, batch_metrics, completion_records, pack
 from rlvr.builders import (build_engine, build_loss_settings, build_optimizer, build_scheduler, load_model,
-                           load_tokenizer, torch_threads, update_threads)
+                           load_tokenizer, update_threads)
 from rlvr.checkpoint import resume_run, save_final, save_run
 from rlvr.config import Config
 from rlvr.console import Console
@@ -36,6 +36,7 @@ from rlvr.evaluate import evaluate
 from rlvr.rewards.scoring import RewardFn, load_reward_functions, reward_specs, score
 from rlvr.rollout import check_mismatch, logprob_mismatch_metrics
 from rlvr.rollout.base import RolloutEngine, SamplingParams
+from rlvr.rollout.common import torch_threads
 from rlvr.tasks.prompts import as_completion_payload, encode_prompts
 from rlvr.tasks.stream import PromptStream, eval_rows
 

@@ -319,3 +319,29 @@ def filter_logits(scores_MV: torch.Tensor, sampling: SamplingParams) -> torch.Te
         threshold_M1 = sampling.min_p * probs_MV.amax(dim=-1, keepdim=True)
         scores_MV = scores_MV.masked_fill(probs_MV < threshold_M1, neg_inf)
     return scores_MV
+
+
+# Below this hidden size a model's ops take microseconds and OpenMP's fork/join per op costs as much, so the
+# native engine's decoder and the trainer's passes run them on one thread (docs/rollout.md, docs/performance.md).
+ONE_THREAD_BELOW_HIDDEN = 512
+
+
+def one_thread_suits(model) -> bool:
+    """Whether ``model`` is small enough that its ops run best on one CPU thread (``ONE_THREAD_BELOW_HIDDEN``)."""
+    config = getattr(model, "config", None)
+    hidden = getattr(config, "hidden_size", None)
+    return hidden is not None and hidden < ONE_THREAD_BELOW_HIDDEN
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``threads`` within the block (no-op for None), restored after."""
+    previous = torch.get_num_threads()
+    switch = threads is not None and threads != previous
+    if switch:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if switch:
+            torch.set_num_threads(previous)

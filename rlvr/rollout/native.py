@@ -34,9 +34,8 @@ Three decoders behind the loop:
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -49,10 +48,12 @@ from rlvr.rollout.common import (
     left_pad,
     make_completion,
     make_generator,
+    one_thread_suits,
     policy_eval,
     resolve_eos_ids,
     resolve_pad_id,
     stop_prefix_length,
+    torch_threads,
     validate_request,
 )
 
@@ -458,19 +459,6 @@ class HFCacheDecoder:
         self.cache = None
 
 
-@contextlib.contextmanager
-def _cpu_threads(threads: int | None, model) -> Iterator[None]:
-    previous = torch.get_num_threads()
-    switch = threads is not None and threads != previous and next(model.parameters()).device.type == "cpu"
-    if switch:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        if switch:
-            torch.set_num_threads(previous)
-
-
 class NativeEngine:
     """Fast batched sampling from the live policy. ``samples_live_policy = True``.
 
@@ -537,8 +525,7 @@ class NativeEngine:
         # before "auto" is resolved: that rule is for the PyTorch decoder's per-op threading.
         self.kernel_threads = cpu_threads if isinstance(cpu_threads, int) else None
         if cpu_threads == "auto":
-            hidden = getattr(_unwrap(model).config, "hidden_size", None)
-            cpu_threads = 1 if hidden is not None and hidden < 512 else None
+            cpu_threads = 1 if one_thread_suits(_unwrap(model)) else None
         elif not (isinstance(cpu_threads, int) and cpu_threads >= 1):
             raise ValueError(f"cpu_threads must be 'auto' or an int >= 1, got {cpu_threads!r}.")
         self.cpu_threads = cpu_threads
@@ -563,7 +550,8 @@ class NativeEngine:
         # Greedy rows of one group are identical: decode one per prompt and repeat it.
         n_decode = 1 if sampling.temperature == 0.0 else n
         workers = self.kernel_threads or torch.get_num_threads()
-        with policy_eval(self.model), _cpu_threads(self.cpu_threads, self.model):
+        on_cpu = next(self.model.parameters()).device.type == "cpu"
+        with policy_eval(self.model), torch_threads(self.cpu_threads if on_cpu else None):
             tokens_NC, logp_NC = self._sample(prompt_ids, n_decode, sampling, workers)
         if n_decode != n:
             tokens_NC, logp_NC = (
