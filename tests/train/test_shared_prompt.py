@@ -9,6 +9,7 @@ import functools
 
 import pytest
 import torch
+from test_policy_logprobs import _qwen3  # the same small float64 Qwen3 the chunked-head tests use
 
 from rlvr import core, policy_logprobs
 from rlvr.batch import Rollouts, pack
@@ -49,24 +50,6 @@ def _llama(tied=True):
         pad_token_id=PAD,
     )
     return LlamaForCausalLM(cfg).double()
-
-
-def _qwen3():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(1)
-    cfg = Qwen3Config(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    return Qwen3ForCausalLM(cfg).double()
 
 
 def _qwen2():
