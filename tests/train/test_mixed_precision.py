@@ -6,8 +6,6 @@ bf16 rounding of the float32 path (and clearly not equal to it: the autocast rea
 
 from __future__ import annotations
 
-import json
-
 import torch
 from test_smoke import read_jsonl, smoke_overrides
 
@@ -80,13 +78,10 @@ def test_head_logprobs_in_bf16_equals_the_float32_softmax_of_bf16_logits():
     assert torch.allclose(logp[0], want, rtol=0, atol=1e-5)
 
 
-def test_a_bf16_mixed_precision_run_trains_float32_weights(tiny_model_dir, tmp_path):
-    data = tmp_path / "sums.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n"
-                            for a in range(10) for b in range(3)))
+def test_a_bf16_mixed_precision_run_trains_float32_weights(tiny_model_dir, sum_dataset, tmp_path):
     out = tmp_path / "run"
-    cfg = load_config(None, smoke_overrides(tiny_model_dir, data, out, "train.mixed_precision=bf16", "train.max_steps=2",
-                                            "log.logging_steps=1"))
+    cfg = load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, out, "train.mixed_precision=bf16",
+                                            "train.max_steps=2"))
     train(cfg)
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
