@@ -183,8 +183,9 @@ def completion_records(batch: Rollouts, reward_fns: list, adv_N: torch.Tensor, s
     (docs/rollout-record.md)."""
     g, out = batch.group_size, []
     total_N = batch.total_reward_N([rf.weight for rf in reward_fns]).tolist()
+    rewards_NK, adv_N = batch.rewards_NK.tolist(), adv_N.tolist()  # one conversion, not two tensor reads per row
     for i, c in enumerate(batch.completions):
-        row, rw = batch.rows[i // g], batch.rewards_NK[i].tolist()
+        row, rw = batch.rows[i // g], rewards_NK[i]
         v = batch.verdicts[i] if batch.verdicts else None
         out.append(
             {

@@ -326,6 +326,7 @@ def save_final(final_dir: Path, model: torch.nn.Module, tokenizer: Any, d: distr
 
 def save_run(run: Any) -> Path:
     """Every rank calls this: its data position, counters and RNG go into the checkpoint beside rank 0's."""
+    run.diagnostics.flush()  # the run folder's prompt history as of this checkpoint (rank 0 writes it)
     state = {"step": run.step, "engine_version": run.engine_version, "diagnostics": run.diagnostics.state_dict()}
     rank_state = {
         "generation": run.generation,

@@ -336,6 +336,16 @@ class TrainConfig(_Section):
         "micro-batch repeats a prompt; otherwise the one-forward path, with a warning. false: always one forward "
         "over [prompt | completion] per completion, as TRL does. See docs/architecture.md.",
     )
+    length_bucket_pass_cost: int = Field(
+        64,
+        ge=0,
+        description="With shared_prompt_forward: a micro-batch's completions are scored in passes grouped by "
+        "length, each padded only to its own longest (EOS-stopped completions are mostly shorter than the "
+        "longest: the shipped task's update took 1.5x less CPU time). An extra pass costs its own overhead (one "
+        "more forward and backward through every layer), priced here in token positions: a split is made when it "
+        "saves more padded positions than this. 0: a pass per distinct length; a very large value: one pass "
+        "padded to the longest, as without grouping. Same log-probs and gradients either way (float64 tests).",
+    )
     release_freed_memory: bool | Literal["auto"] = Field(
         "auto",
         description="CPU runs on Linux (glibc): allocations over 128 KiB are mapped from and returned to the "

@@ -29,7 +29,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 
-from rlvr import core
+from rlvr import core, fsdp
 
 # Model types whose ``ForCausalLM.forward`` returns ``lm_head(hidden_states)`` untouched (checked against the
 # installed transformers' source by tests/train/test_policy_logprobs.py).
@@ -91,12 +91,14 @@ def completion_logprobs(
     with_entropy: bool = False,
     chunked: bool = True,
     shared_prompt: bool = False,
+    bucket_pass_cost: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and detached entropy) of the T completion tokens under ``softmax(logits / temperature)``.
 
     Rows are [left-padded prompt | right-padded completion]. The plain path is one forward over all of it, of
     which only the last T+1 positions reach the head. ``shared_prompt``: one forward per distinct prompt, then
-    the completions against its cached keys and values (module docstring), where supported."""
+    the completions against its cached keys and values (module docstring), where supported, in passes grouped by
+    completion length (:func:`length_buckets`, each extra pass priced at ``bucket_pass_cost`` positions)."""
     head = plain_linear_head(model) if chunked else None
     if shared_prompt:
         reason = shared_prompt_unsupported(model)
@@ -110,6 +112,7 @@ def completion_logprobs(
                 temperature,
                 with_entropy,
                 head,
+                BUCKET_PASS_COST if bucket_pass_cost is None else bucket_pass_cost,
             )
             if out is not None:
                 return out
@@ -275,7 +278,55 @@ def _prefix_cache(layers_kv: list[tuple[torch.Tensor, torch.Tensor]]):
     return cache
 
 
-def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature, with_entropy, head):
+# Length buckets for the completion pass. One pass pads every row to the micro-batch's longest completion; with
+# EOS-stopped sampling most rows are shorter (the shipped task's completions average ~4 of 8 tokens), so rows
+# are grouped by length and each group padded only to its own longest. A pass has a cost of its own beyond its
+# tokens (one more forward and backward through every layer: per-op overhead, the prompt keys/values copied
+# again); BUCKET_PASS_COST prices it in token positions, and a split is taken only when it saves more positions
+# than that. 64 positions: ~1 ms of the shipped 0.34M model's forward and backward per pass on one CPU thread,
+# what a pass's per-layer op overhead measured there; on larger models a position costs more and the threshold
+# is met sooner, which is right (the same per-pass overhead buys less).
+BUCKET_PASS_COST = 64
+_ONE_PASS = 1 << 62  # a price no split can beat: all completions in one pass
+_MAX_LENGTH_LEVELS = 64  # distinct lengths the search considers (quantised beyond): keeps it O(64^2) in Python
+
+
+def length_buckets(need_N: list[int], pass_cost: int = BUCKET_PASS_COST) -> list[tuple[list[int], int]]:
+    """Rows grouped into completion passes: ``[(rows, width), ...]`` with every row in one group, each group's
+    ``width`` its longest ``need`` (positions the row needs in the pass). Minimises the padded positions plus
+    ``pass_cost`` per pass by dynamic programming over the sorted distinct lengths (the optimal groups of a
+    sorted list are contiguous); rows that need no position form a group of width 0, which costs no pass. Rows
+    keep their order within a group."""
+    top = max(need_N, default=0)
+    step = -(-top // _MAX_LENGTH_LEVELS) or 1
+    level_N = [-(-n // step) * step for n in need_N]  # lengths rounded up onto at most 64 levels
+    levels = sorted(set(level_N))
+    count = {v: 0 for v in levels}
+    for v in level_N:
+        count[v] += 1
+    rows_upto = [0]
+    for v in levels:
+        rows_upto.append(rows_upto[-1] + count[v])
+    # best[j]: least cost of the first j levels in groups; cut[j]: where the last of those groups starts.
+    best, cut = [0.0] + [float("inf")] * len(levels), [0] * (len(levels) + 1)
+    for j in range(1, len(levels) + 1):
+        v = levels[j - 1]
+        for i in range(j):
+            cost = best[i] + (rows_upto[j] - rows_upto[i]) * v + (pass_cost if v > 0 else 0)
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    bounds, j = [], len(levels)
+    while j > 0:
+        bounds.append((levels[cut[j]], levels[j - 1]))
+        j = cut[j]
+    groups = []
+    for lo, hi in reversed(bounds):
+        rows = [r for r, v in enumerate(level_N) if lo <= v <= hi]
+        groups.append((rows, max(need_N[r] for r in rows)))
+    return groups
+
+
+def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature, with_entropy, head, pass_cost):
     """The shared-prompt forward (module docstring); None when no prompt repeats (nothing to share)."""
     N, L = ids_NL.shape
     T = comp_NT.shape[1]
@@ -287,12 +338,22 @@ def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature
     new_N[1:] = ((prompt_NP[1:] != prompt_NP[:-1]) | (pmask_NP[1:] != pmask_NP[:-1])).any(-1)
     first_U = new_N.nonzero().squeeze(1)  # two host syncs per micro-batch: this and the lengths below
     # All-pad columns change nothing (masked keys; completion pads come after every real token): trim them to
-    # this micro-batch's longest prompt and completion, and skip the last completion token, which predicts nothing.
-    p_len, t_len = torch.stack([pmask_NP.sum(-1).max(), attn_NL[:, P:].sum(-1).max()]).tolist()
-    if first_U.numel() == N or p_len == 0 or t_len <= 1:
-        # Nothing to share; or no completion pass to run, which under DDP would leave the micro-batch without
-        # the one DDP forward its reducer expects before backward.
+    # this micro-batch's longest prompt, and each completion group to its longest completion; the last completion
+    # token is never fed (it predicts nothing).
+    lengths = torch.cat([pmask_NP.sum(-1).max().view(1), attn_NL[:, P:].sum(-1)]).tolist()
+    p_len, t_N = lengths[0], lengths[1:]
+    # Nothing to share; or no completion pass to run, which under DDP would leave the micro-batch without the one
+    # DDP forward its reducer expects before backward.
+    share = not (first_U.numel() == N or p_len == 0 or max(t_N) <= 1)
+    if fsdp.is_sharded(_unwrap(model)):
+        # Every pass through a sharded model all-gathers each layer's weights, a collective: all ranks must make
+        # the same passes. So they agree on the path (one flag, all-reduced), and the completions take one pass.
+        share_1 = torch.tensor([int(share)], device=ids_NL.device)
+        torch.distributed.all_reduce(share_1, op=torch.distributed.ReduceOp.MIN)
+        share, pass_cost = bool(share_1.item()), _ONE_PASS
+    if not share:
         return None
+    groups = length_buckets([max(t - 1, 0) for t in t_N], pass_cost)
     prompt_of_N = new_N.cumsum(0) - 1
     cols = slice(P - p_len, P)
     key = _cache_kwarg(model)
@@ -302,12 +363,14 @@ def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature
         _head_passes_hidden_states(head) if head is not None else nullcontext(),
         _checkpointed_layers_keep_the_cache(model),
     ):
-        # The prompt pass runs through the model without DDP: the completion pass below is the one DDP forward of
-        # this micro-batch, so its reducer sees one forward and one backward; its parameter hooks see the sum.
-        # Under FSDP2 both passes go through the sharded model, whose hooks run per call: each layer's weights are
-        # gathered for each pass in forward and backward (twice the all-gathers of the one-forward path, and its
-        # gradient reduced once per pass), the gradients adding up as on one process (tests/train/test_fsdp.py
-        # compares FSDP, DDP and one process, all on this path).
+        # The prompt pass (and every completion pass but the widest) runs through the model without DDP: the
+        # widest completion pass is the one DDP forward of this micro-batch, so its reducer sees one forward and
+        # one backward; its parameter hooks see the sum of all passes' gradients (autograd adds a parameter's
+        # uses within one backward before its hook runs).
+        # Under FSDP2 both passes (one completion pass, above) go through the sharded model, whose hooks run per
+        # call: each layer's weights are gathered for each pass in forward and backward (twice the all-gathers of
+        # the one-forward path, and its gradient reduced once per pass), the gradients adding up as on one process
+        # (tests/train/test_fsdp.py compares FSDP, DDP and one process, all on this path).
         cache = _capture_cache(_bare(model).config.get_text_config().num_hidden_layers)
         last_U1X = _unwrap(model)(
             input_ids=prompt_NP[first_U, cols],
@@ -317,21 +380,36 @@ def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature
             logits_to_keep=1,
             **{key: cache},
         ).logits
-        prefix = [
-            (layer.keys.index_select(0, prompt_of_N), layer.values.index_select(0, prompt_of_N))
-            for layer in cache.layers
-        ]
-        mask_NX = torch.cat([pmask_NP[:, cols], attn_NL[:, P : P + t_len - 1]], dim=1)
-        out_NtX = model(
-            input_ids=comp_NT[:, : t_len - 1],
-            attention_mask=mask_NX,
-            position_ids=pos_NL[:, P : P + t_len - 1],
-            use_cache=False,
-            logits_to_keep=0,
-            **{key: _prefix_cache(prefix)},
-        ).logits
-    # The prompt's last position predicts completion token 0; completion position t predicts token t+1.
-    out_NtX = torch.cat([last_U1X.index_select(0, prompt_of_N), out_NtX], dim=1)
-    logp_Nt, ent_Nt = _logprobs_from(out_NtX, comp_NT[:, :t_len], temperature, with_entropy, head)
-    pad = (0, T - t_len)  # trimmed columns are padding: log-prob and entropy 0 there, outside every loss mask
-    return F.pad(logp_Nt, pad), None if ent_Nt is None else F.pad(ent_Nt, pad)
+        widest = max(range(len(groups)), key=lambda g: groups[g][1])
+        parts = []
+        for g, (rows, width) in enumerate(groups):
+            rows_n = None if len(groups) == 1 else torch.tensor(rows, device=ids_NL.device)
+            pick = (lambda x: x) if rows_n is None else (lambda x: x.index_select(0, rows_n))
+            prompt_of_n = pick(prompt_of_N)
+            # The prompt's last position predicts completion token 0; completion position t predicts token t+1.
+            out_ntX = last_U1X.index_select(0, prompt_of_n)
+            if width > 0:
+                prefix = [
+                    (layer.keys.index_select(0, prompt_of_n), layer.values.index_select(0, prompt_of_n))
+                    for layer in cache.layers
+                ]
+                out = (model if g == widest else _unwrap(model))(
+                    input_ids=pick(comp_NT[:, :width]),
+                    attention_mask=torch.cat([pick(pmask_NP[:, cols]), pick(attn_NL[:, P : P + width])], dim=1),
+                    position_ids=pick(pos_NL[:, P : P + width]),
+                    use_cache=False,
+                    logits_to_keep=0,
+                    **{key: _prefix_cache(prefix)},
+                ).logits
+                out_ntX = torch.cat([out_ntX, out], dim=1)
+            parts.append((rows, _logprobs_from(out_ntX, pick(comp_NT[:, : width + 1]), temperature, with_entropy, head)))
+    # Trimmed columns are padding: log-prob and entropy 0 there, outside every loss mask.
+    logp_NT = torch.cat([F.pad(lp, (0, T - lp.shape[1])) for _, (lp, _) in parts])
+    ent_NT = None if not with_entropy else torch.cat([F.pad(e, (0, T - e.shape[1])) for _, (_, e) in parts])
+    if len(parts) > 1:  # back to the micro-batch's row order
+        order_N = torch.tensor([r for rows, _ in parts for r in rows], device=ids_NL.device)
+        inverse_N = torch.empty_like(order_N)
+        inverse_N[order_N] = torch.arange(N, device=ids_NL.device)
+        logp_NT = logp_NT.index_select(0, inverse_N)
+        ent_NT = None if ent_NT is None else ent_NT.index_select(0, inverse_N)
+    return logp_NT, ent_NT

@@ -152,13 +152,19 @@ def test_samples_choose_best_worst_truncated(tmp_path):
     assert len(printed) == 6 and printed[0].startswith("[step 3] best")
 
 
-def test_record_written_readable_and_switchable(tmp_path):
+def test_record_written_readable_and_switchable(tmp_path, monkeypatch):
+    import rlvr.diagnostics.tracker as tracker
+
+    monkeypatch.setattr(tracker, "HISTORY_EVERY_S", 1e9)  # no rewrite by the clock in this test
     diag = new_diag(tmp_path, reward_funcs={"correct": lenient_numbers_checker})
     run_steps(diag, HACKING_POLICIES["answer_spraying"](), 14)
     header, steps = read_record(tmp_path / RECORD_NAME)
     assert header["reward_kinds"] == REWARD_KINDS and header["group_size"] == 8
     assert sorted(steps) == list(range(14)) and all(len(v) == 64 for v in steps.values())
     assert any(r.get("decoy") for r in steps[13])  # decoy verdicts are kept for `rlvr diagnose`
+    history = json.loads((tmp_path / "prompt_history.json").read_text())
+    assert history["step"] == 0  # written at the first step, then only when HISTORY_EVERY_S has passed
+    diag.close()
     history = json.loads((tmp_path / "prompt_history.json").read_text())
     assert history["step"] == 13 and set(history["prompts"]) == {f"p{i}" for i in range(32)}
 

@@ -187,6 +187,7 @@ def test_one_step_of_two_ranks_equals_one_process_with_both_batches(tiny_model_d
         "train.max_grad_norm=1e9",
         "data.shuffle=false",
         "log.save_steps=100",
+        "train.length_bucket_pass_cost=0",  # several completion passes per micro-batch, one of them through DDP
     ]
     two, one = tmp_path / "two", tmp_path / "one"
     # Per rank: 2 micro-batches of 8 = 16 completions = 4 prompts; one process: 2 of 16 = 8 prompts.

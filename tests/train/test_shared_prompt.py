@@ -15,7 +15,7 @@ from rlvr import core, policy_logprobs
 from rlvr.batch import Rollouts, pack
 from rlvr.builders import build_loss_settings
 from rlvr.config import load_config
-from rlvr.policy_logprobs import completion_logprobs, shared_prompt_unsupported
+from rlvr.policy_logprobs import completion_logprobs, length_buckets, shared_prompt_unsupported
 from rlvr.rollout.base import Completion
 
 V, PAD = 61, 0
@@ -113,6 +113,15 @@ def float64_norms(monkeypatch):
 
     for cls in (LlamaRMSNorm, Qwen2RMSNorm, Qwen3RMSNorm):
         monkeypatch.setattr(cls, "forward", forward)
+
+
+@pytest.fixture(autouse=True, params=[policy_logprobs.BUCKET_PASS_COST, 0], ids=["buckets", "pass-per-length"])
+def bucket_cost(request, monkeypatch):
+    """Every test twice: with the default price of a completion pass, and with passes free, so that every distinct
+    completion length gets a pass of its own (rows reordered into groups and back)."""
+    real = policy_logprobs.length_buckets
+    monkeypatch.setattr(policy_logprobs, "length_buckets", lambda need, pass_cost: real(need, request.param))
+    return request.param
 
 
 @pytest.fixture
@@ -215,7 +224,7 @@ def test_trimming_keeps_log_probs_of_every_row_and_pads_with_zero(small_chunks):
         shared, _ = _logprobs(model, mb, True)
         plain, _ = _logprobs(model, mb, False)
     assert_close(shared * mb.mask_NT, plain * mb.mask_NT, "log-probs")
-    assert mb.mask_NT[:, 3:].sum() == 0 and (shared[:, 3:] == 0).all() and (shared[:, :3] != 0).all()
+    assert mb.mask_NT[:, 3:].sum() == 0 and (shared[:, 3:] == 0).all() and (shared[mb.mask_NT.bool()] != 0).all()
 
 
 def test_lora_matches_and_trains_only_the_adapters(small_chunks):
@@ -329,9 +338,38 @@ def test_one_token_completions_take_the_one_forward_path():
     mb = _packed(G=4, prompt_lens=(5, 2), completion_lens=[1, 0, 1, 1, 1, 1, 0, 1]).rows(slice(0, 8))
     assert (
         policy_logprobs._shared_prompt_logprobs(
-            model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL, mb.completion_ids_NT, 1.0, False, None
+            model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL, mb.completion_ids_NT, 1.0, False, None, 0
         )
         is None
     )
     with torch.no_grad():
         assert torch.equal(_logprobs(model, mb, True)[0], _logprobs(model, mb, False)[0])
+
+
+def test_length_buckets_minimise_padded_positions_plus_a_price_per_pass():
+    need = [7, 2, 7, 0, 2, 7, 2, 2]
+    # One pass: 7 rows x 7 = 49 positions + 64. Two ([2]x4, [7]x3): 8 + 21 + 128 = 157 > 113, so one at price 64;
+    # at price 10: 8 + 21 + 20 = 49 < 49 + 10 = 59: two. The empty row never costs a pass.
+    assert length_buckets(need, pass_cost=64) == [([3], 0), ([0, 1, 2, 4, 5, 6, 7], 7)]
+    assert length_buckets(need, pass_cost=10) == [([3], 0), ([1, 4, 6, 7], 2), ([0, 2, 5], 7)]
+    assert length_buckets([5, 5, 5], pass_cost=0) == [([0, 1, 2], 5)]
+    assert length_buckets([], pass_cost=0) == []
+    # Many distinct lengths are rounded up onto at most 64 levels (here multiples of ceil(1000 / 64) = 16: 63 of
+    # them); a group's width is its longest real length.
+    groups = length_buckets(list(range(1, 1001)), pass_cost=0)
+    assert len(groups) == 63 and sorted(r for rows, _ in groups for r in rows) == list(range(1000))
+    assert all(width == max(rows) + 1 for rows, width in groups)
+
+
+def test_completion_passes_are_grouped_by_length(monkeypatch):
+    """The feature: short completions are not padded to the longest; each group's pass is as wide as its longest
+    row needs (the last token is never fed)."""
+    monkeypatch.setattr(policy_logprobs, "length_buckets", lambda need, pass_cost: length_buckets(need, 0))
+    model = _llama()
+    seen = []
+    model.model.embed_tokens.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
+    mb = _packed(G=4, prompt_lens=(5, 2), completion_lens=[8, 3, 3, 8, 1, 3, 8, 3]).rows(slice(0, 8))
+    shared, _ = _logprobs(model, mb, True)
+    assert seen == [(2, 5), (4, 2), (3, 7)]  # the prompts; rows of 3 tokens; rows of 8 (the 1-token row: no pass)
+    plain, _ = _logprobs(model, mb, False)
+    assert_close(shared * mb.mask_NT, plain * mb.mask_NT, "log-probs")
