@@ -352,7 +352,8 @@ class TrainConfig(_Section):
         "system when freed (mallopt M_MMAP_THRESHOLD), so the resident set follows the tensors alive. glibc's "
         "default keeps freed blocks of up to 32 MiB in its heap for reuse, which raised the measured peak of a "
         "step 0.4-0.6 GiB over the tensors on the small benchmark (docs/memory.md). Costs a page fault per "
-        "fresh page of a large allocation: the shipped model's update took ~2x the CPU time with it. auto: "
+        "fresh page of a large allocation: the shipped model's update took ~2x the CPU time with it, a 27M "
+        "model's 1.4x the wall time. auto: "
         "applied when memory binds, i.e. the plan's estimated peak is over half the free memory (or the "
         "check is skipped). Never applied when MALLOC_MMAP_THRESHOLD_ is set in the environment.",
     )
