@@ -148,15 +148,14 @@ def advantage(run: Run, batch: Rollouts) -> torch.Tensor:
 
 def completion_logprobs(run: Run, model: torch.nn.Module, mb: PackedBatch,
                         with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One forward over [prompt | completion] (or, shared_prompt_forward, one per distinct prompt and one over the
-    completions against its cached keys/values); log-probs (and entropy) of the completion tokens from
+    """One forward over [prompt | completion] (or, shared_prompt_forward, one per distinct prompt, then the completions
+    by length group against its cached keys/values); log-probs (and entropy) of the completion tokens from
     temperature-scaled logits, as the sampler drew them, a chunk of tokens at a time (never [N, T, V])."""
     temp = run.cfg.rollout.temperature or 1.0  # greedy sampling: log-probs of the plain distribution
     with torch.autocast(run.device.type, torch.bfloat16, enabled=run.cfg.train.mixed_precision == "bf16"):
-        return policy_logprobs.completion_logprobs(model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL,
-                                                   mb.completion_ids_NT, temp, with_entropy=with_entropy,
-                                                   shared_prompt=run.cfg.train.shared_prompt_forward,
-                                                   bucket_pass_cost=run.cfg.train.length_bucket_pass_cost)
+        return policy_logprobs.completion_logprobs(
+            model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL, mb.completion_ids_NT, temp, with_entropy,
+            shared_prompt=run.cfg.train.shared_prompt_forward, bucket_pass_cost=run.cfg.train.length_bucket_pass_cost)
 
 
 @torch.no_grad()
@@ -229,7 +228,7 @@ def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, logps: LogProbs) 
                     # The loss is already scaled for accumulation (its GA parts add up); others are averaged.
                     sums[k] = sums.get(k, 0.0) + v * (1.0 if k == "loss" else 1.0 / accumulation)
             sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(run.model.parameters(), train_cfg.max_grad_norm))
-            sums["learning_rate"] = run.scheduler.get_last_lr()[0]
+            sums["learning_rate"] = float(run.scheduler.get_last_lr()[0])  # torchao's optimizers keep a tensor
             run.optimizer.step()
             run.scheduler.step()
             run.optimizer.zero_grad(set_to_none=True)
