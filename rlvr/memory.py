@@ -112,6 +112,32 @@ class PhaseMeter(PhaseTimer):
         return out
 
 
+def _tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes this process holds for ``t``: a DTensor's local shard; a tensor subclass (torchao's 8-bit optimizer
+    state) by the plain tensors it is made of."""
+    if hasattr(t, "to_local"):
+        t = t.to_local()
+    flatten = getattr(type(t), "__tensor_flatten__", None)
+    if flatten is not None and type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
+        names, _ = t.__tensor_flatten__()
+        return sum(_tensor_bytes(getattr(t, name)) for name in names)
+    return t.numel() * t.element_size()
+
+
+def training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    """GiB this process holds for training, by kind (its shards under FSDP, a full copy under DDP): parameters,
+    their gradients (as backward allocates them: one per trainable parameter, in its dtype and sharding; freed
+    between steps) and the optimizer's state. What sharding divides; activations, the rollout and the runtime
+    are in ``memory/peak_*``."""
+    params = list(model.parameters())  # tied weights once
+    state = [v for per_param in optimizer.state.values() for v in per_param.values() if isinstance(v, torch.Tensor)]
+    return {
+        "memory/state_params": sum(_tensor_bytes(p) for p in params) / GIB,
+        "memory/state_grads": sum(_tensor_bytes(p) for p in params if p.requires_grad) / GIB,
+        "memory/state_optimizer": sum(_tensor_bytes(v) for v in state) / GIB,
+    }
+
+
 # Allocations over this size are mapped from the system and unmapped when freed (glibc's initial default,
 # which it otherwise raises to the largest block freed so far, up to 32 MiB, and then keeps such blocks).
 MMAP_THRESHOLD_BYTES = 128 * 1024
@@ -438,6 +464,7 @@ def check_fits(cfg: Config, device: torch.device, prompt_tokens: int | None = No
 
 
 __all__ = [
+    "training_state",
     "MemoryPlanError",
     "PeakMemory",
     "PhaseMeter",

@@ -2,12 +2,11 @@
 
     collect (draw -> rollout -> reward -> keep) -> advantage -> logprobs -> update -> sync -> log
 
-Each phase is one function below, timed as ``timing/<phase>``, and returns what it produces.
-``train(cfg)`` reads top to bottom; copy it if you need a different loop. The math lives in
-``rlvr.core`` (pure tensor functions), the checkers in ``rlvr.rewards``, sampling behind
-``rlvr.rollout.RolloutEngine``, whose declared capabilities are all the loop asks of an engine.
-Units (TRL's: generation batch, micro-batch, optimizer step) and what changes with several processes
-(``torchrun``: disjoint prompts per rank, groups whole on one rank, DDP or FSDP2, rank 0 logs) are in the architecture page.
+Each phase is one function below, timed as ``timing/<phase>``, and returns what it produces. ``train(cfg)`` reads
+top to bottom; copy it if you need a different loop. The math lives in ``rlvr.core`` (pure tensor functions), the
+checkers in ``rlvr.rewards``, sampling behind ``rlvr.rollout.RolloutEngine``, whose declared capabilities are all the
+loop asks of an engine. Units (TRL's: generation batch, micro-batch, optimizer step) and several processes
+(``torchrun``: disjoint prompts per rank, groups whole on one rank, DDP or FSDP2, rank 0 logs): architecture page.
 """
 
 from __future__ import annotations
@@ -254,8 +253,9 @@ def log(run: Run, batch: Rollouts, adv_N: torch.Tensor, step_metrics: list[dict[
     """Metrics line, diagnostics (group outcomes, hacking monitors), samples, console. With several
     ranks, rank 0 gathers every rank's batch (one pickled gather per generation batch) and describes
     the whole generation batch, as one process would; per-rank scalars are averaged, counts summed."""
-    filter_metrics = run.group_filter.pop_metrics() if run.group_filter is not None else {}
-    local = (batch, adv_N, step_metrics, run.reward_errors, filter_metrics, run.timer.pop())
+    filters = run.group_filter.pop_metrics() if run.group_filter is not None else {}
+    held = {**run.timer.pop(), **memory.training_state(run.model, run.optimizer)}  # phase timings, memory
+    local = (batch, adv_N, step_metrics, run.reward_errors, filters, held)
     parts = distributed.gather_to_main(local)
     if parts is None:
         return  # not rank 0: it has logged its share
@@ -273,7 +273,7 @@ def log(run: Run, batch: Rollouts, adv_N: torch.Tensor, step_metrics: list[dict[
     metrics.update(distributed.reduce_metrics(list(filter_counts)))  # DAPO counters
     for key in step_metrics[0] if step_metrics else []:
         metrics[key] = sum(s[key] for s in step_metrics) / len(step_metrics)
-    metrics.update(distributed.reduce_metrics(list(timings)))  # phase timings
+    metrics.update(distributed.reduce_metrics(list(timings)))  # phase timings, memory (mean over ranks)
     mismatch_warning = check_mismatch(metrics)
     if mismatch_warning:
         run.console.warn(mismatch_warning)

@@ -163,6 +163,10 @@ def test_fsdp_on_two_ranks_equals_one_process_and_ddp(tiny_model_dir, sum_datase
     assert [m["step"] for m in m_f] == [4] == [m["step"] for m in m_1]  # one line per generation batch
     assert m_f[-1]["grad_norm"] == pytest.approx(m_1[-1]["grad_norm"], rel=REORDER_BOUND)
     assert m_f[-1]["kl"] > 0  # the KL term is live: the policy moved away from its reference
+    # The shard: each rank holds half of the parameters, gradients and optimizer state that one process holds
+    # (FSDP2 cuts dim 0 into equal chunks, padding the last; the tiny model's dims are even, so exactly half).
+    for key in ("memory/state_params", "memory/state_grads", "memory/state_optimizer"):
+        assert m_f[-1][key] == pytest.approx(m_1[-1][key] / 2, rel=0.02), key
     if not lora:  # and DDP, the same layout with replicated weights
         run(common(tiny_model_dir, sum_dataset, outs["ddp"], *EQUIV, *variant, "train.per_device_train_batch_size=8"))
         assert_close(final(outs["fsdp"]), final(outs["ddp"]), init, "FSDP x2 vs DDP x2")

@@ -254,3 +254,22 @@ def test_a_cpu_run_sets_the_allocator_policy_before_loading_the_model(monkeypatc
     with pytest.raises(Stop):
         rlvr.train.setup(cfg)
     assert calls == (["policy"] if applied else [])
+
+
+def test_training_state_counts_parameters_gradients_and_optimizer_state_by_hand():
+    """Bytes by hand: a float32 Linear(4, 3) that trains and a frozen bfloat16 Linear(3, 2), tied nowhere; AdamW
+    after one step keeps exp_avg and exp_avg_sq like each trainable parameter, plus a 0-d float32 step count."""
+    from rlvr.memory import GIB, training_state
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2).to(torch.bfloat16).requires_grad_(False))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], foreach=False)
+    out = model[1](model[0](torch.ones(2, 4)).to(torch.bfloat16)).float().sum()
+    out.backward()
+    opt.step()
+    got = {k: v * GIB for k, v in training_state(model, opt).items()}
+    assert got["memory/state_params"] == (12 + 3) * 4 + (6 + 2) * 2
+    assert got["memory/state_grads"] == (12 + 3) * 4
+    assert got["memory/state_optimizer"] == 2 * (12 + 3) * 4 + 2 * 4
+    tied = torch.nn.Linear(3, 3, bias=False)
+    twice = torch.nn.ModuleList([tied, tied])  # the same weight reached twice is held once
+    assert training_state(twice, torch.optim.AdamW(twice.parameters()))["memory/state_params"] * GIB == 9 * 4
