@@ -407,7 +407,11 @@ def test_gathered_engine_samples_the_sharded_weights_and_frees_them(tiny_model_d
         policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
         engine = fsdp.GatheredEngine(policy, lambda m: make_engine("native", m, tok))
         pushed = fsdp.GatheredEngine(policy, PushedTo)  # an engine with its own weights (vLLM's kind)
+        loaded = {name: p.data_ptr() for name, p in policy.named_parameters()}
+        # No second copy of the weights while starting: the copy's parameters are the loaded tensors.
+        assert {name: p.data_ptr() for name, p in engine._copy.named_parameters()} == loaded
         fsdp.shard(policy, torch.device("cpu"))
+        assert all(p.data_ptr() != loaded[name] for name, p in policy.named_parameters())  # shards: new storage
         before = engine.generate(prompts, 4, sampling)  # the loaded weights, before any update
         policy(input_ids=torch.tensor([prompts[0]]))  # the trainer's forward frees the copy
         assert all(p.numel() == 0 for p in engine._copy.parameters())
@@ -422,6 +426,8 @@ def test_gathered_engine_samples_the_sharded_weights_and_frees_them(tiny_model_d
     finally:
         dist.destroy_process_group()
     plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    as_loaded = make_engine("native", plain, tok).generate(prompts, 4, sampling)
+    assert [(c.token_ids, c.logprobs) for c in before] == [(c.token_ids, c.logprobs) for c in as_loaded]
     with torch.no_grad():
         for p in plain.parameters():
             p.mul_(1.5)
