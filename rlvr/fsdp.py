@@ -169,7 +169,11 @@ class GatheredEngine:
         return self.inner.generate(prompt_ids, n, sampling)
 
     def close(self) -> None:
+        """The engine's own close, and the copy freed: the run's final save gathers the weights whole on rank 0,
+        which beside the copy and the shards was the run's largest resident set (9.9 GiB on rank 0 for 1.7B LoRA
+        on 2 ranks, against 6.7 on rank 1)."""
         self.inner.close()
+        self.release()
 
     def __getattr__(self, name: str) -> Any:  # the engine's own attributes (receives_weights, policy_lag, ...)
         if name == "inner":

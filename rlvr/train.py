@@ -389,11 +389,11 @@ def _train(cfg: Config, console: Console) -> dict:
         if run.step // cfg.log.save_steps > step_before // cfg.log.save_steps or run.step >= cfg.train.max_steps:
             save_run(run)
     after = run_eval(run, "after") if cfg.log.eval_before_after else {}
+    run.engine.close()  # first: under FSDP it frees the rollout copy before the final save gathers the weights
     save_final(run.run_dir / "final", run.model, run.tokenizer, run.dist)  # every rank: FSDP gathers the weights
     if run.dist.is_main:
         run.diagnostics.close()
         run.logger.close()
-    run.engine.close()
     distributed.close()
     if run.dist.is_main:
         run.console.finish(before, after, run.run_dir)
