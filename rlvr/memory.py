@@ -117,8 +117,7 @@ def _tensor_bytes(t: torch.Tensor) -> int:
     state) by the plain tensors it is made of."""
     if hasattr(t, "to_local"):
         t = t.to_local()
-    flatten = getattr(type(t), "__tensor_flatten__", None)
-    if flatten is not None and type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
+    if hasattr(t, "__tensor_flatten__"):  # only subclasses define it: plain tensors and parameters do not
         names, _ = t.__tensor_flatten__()
         return sum(_tensor_bytes(getattr(t, name)) for name in names)
     return t.numel() * t.element_size()
@@ -464,7 +463,6 @@ def check_fits(cfg: Config, device: torch.device, prompt_tokens: int | None = No
 
 
 __all__ = [
-    "training_state",
     "MemoryPlanError",
     "PeakMemory",
     "PhaseMeter",
@@ -478,4 +476,5 @@ __all__ = [
     "device_free_memory",
     "release_freed_memory",
     "heap_release_wanted",
+    "training_state",
 ]
