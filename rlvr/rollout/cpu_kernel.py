@@ -167,6 +167,10 @@ def load() -> tuple[ctypes.CDLL | None, str]:
     lib.rlvr_prefill.argtypes = [ctypes.POINTER(Ctx)] + [ctypes.c_int] * 2
     lib.rlvr_prefill.restype = ctypes.c_int
     lib.rlvr_check_sgemm.argtypes = [ctypes.c_void_p]
+    # rlvr_skinny_linear(m, n_out, k, x, w, y, ldy, beta): the tests' handle on the skinny path
+    lib.rlvr_skinny_linear.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 3
+    lib.rlvr_skinny_linear.argtypes += [ctypes.c_int, ctypes.c_float]
+    lib.rlvr_skinny_linear.restype = ctypes.c_int
     # rlvr_run(ctx, kind, n_slices, bounds, t0, t1)
     lib.rlvr_run.argtypes = [ctypes.POINTER(Ctx)] + [ctypes.c_int] * 2
     lib.rlvr_run.argtypes += [ctypes.c_void_p] + [ctypes.c_int] * 2

@@ -31,6 +31,31 @@ def test_kernel_builds_and_uses_blas():
         assert sgemm is not None, note
 
 
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 13])
+@pytest.mark.parametrize(("n_out", "k"), [(37, 96), (64, 23), (1, 7), (19, 150)])
+def test_skinny_product_equals_the_float64_product(m, n_out, k):
+    """The decode step's few-row product (rows in register blocks, outputs in groups, a masked tail
+    of k): every row, every output, beta = 0 and beta = 1 (the residual add), an output stride wider
+    than the product leaving the other columns alone."""
+    lib, why = cpu_kernel.load()
+    assert lib is not None, why
+    gen = torch.Generator().manual_seed(m * 1000 + n_out + k)
+    x = torch.randn(m, k, generator=gen)
+    w = torch.randn(n_out, k, generator=gen)
+    ldy = n_out + 5
+    y0 = torch.randn(m, ldy, generator=gen)
+    for beta in (0.0, 1.0):
+        y = y0.clone()
+        args = (m, n_out, k, x.data_ptr(), w.data_ptr(), y.data_ptr(), ldy, beta)
+        if lib.rlvr_skinny_linear(*args) != 0:
+            pytest.skip("this build has no skinny path (no AVX2 + FMA)")
+        base = y0[:, :n_out] * beta
+        ref32 = base + x @ w.T
+        ref64 = base.double() + x.double() @ w.double().T
+        assert_fp32_close(y[:, :n_out], ref32, ref64, f"m={m} n={n_out} k={k} beta={beta}")
+        assert torch.equal(y[:, n_out:], y0[:, n_out:]), "wrote outside its columns"
+
 ARCHS = [
     ("llama", {}),  # GQA (4 query heads over 2 KV heads), untied
     (
