@@ -393,15 +393,29 @@ class KernelDecode:
             raise MemoryError("the native CPU decode kernel could not allocate its scratch memory")
 
 
-PREFILL, DECODE, BOTH = 0, 1, 2
+PREFILL, DECODE, BOTH, COOP = 0, 1, 2, 3
+
+# Rows per core up to which the cores decode together (JOB_COOP in the C source: every core runs
+# all rows and computes its share of each product's outputs) rather than one slice of rows each.
+# With few rows a step is bound by reading the weights, and slices make every core read all of
+# them; cooperating, each reads its share, at the price of four barriers per layer.
+COOP_ROWS_PER_CORE = 8
 
 
-def generate(run: KernelDecode, workers: int, stop_check=None) -> None:
+def generate(run: KernelDecode, workers: int, stop_check=None, coop: bool | None = None) -> None:
     """Prefill and decode every row of ``run``: one job when there are no stop strings; otherwise
-    one step per job, with ``stop_check(t)`` (which may clear rows of ``run.alive_N``) between."""
+    one step per job, with ``stop_check(t)`` (which may clear rows of ``run.alive_N``) between.
+    ``coop``: decode cooperatively (None: when there are at most COOP_ROWS_PER_CORE rows per
+    core); the completions are the same either way."""
     own, slices = run.slices(workers)
+    if coop is None:
+        coop = len(slices) > 1 and run.N <= COOP_ROWS_PER_CORE * len(slices)
+    members = [(0, run.N, 0, 0)] * len(slices) if coop else None
     steps = run.C if stop_check is None else 1
-    if own:  # each slice prefills its own prompts, then decodes: one job
+    if coop:  # prefill in slices, then every core on every row
+        run.run(PREFILL, slices)
+        run.run(COOP, members, 0, steps)
+    elif own:  # each slice prefills its own prompts, then decodes: one job
         run.run(BOTH, slices, 0, steps)
     else:  # rows read prompts prefilled by other slices: prefill must finish first
         run.run(PREFILL, slices)
@@ -410,6 +424,6 @@ def generate(run: KernelDecode, workers: int, stop_check=None) -> None:
         return
     for t in range(run.C):
         if t > 0:
-            run.run(DECODE, slices, t, t + 1)
+            run.run(COOP, members, t, t + 1) if coop else run.run(DECODE, slices, t, t + 1)
         if not stop_check(t):
             break

@@ -68,7 +68,7 @@ ARCHS = [
 ARCH_IDS = ["llama-gqa", "llama-bias-tied-mha", "qwen2", "qwen3"]
 
 
-def run_kernel(model, tok, prompts, n, sampling, workers=1, keep_logits=True):
+def run_kernel(model, tok, prompts, n, sampling, workers=1, keep_logits=True, coop=None):
     ids_BP, mask_BP = left_pad(prompts, tok.pad_token_id, "cpu")
     g = torch.Generator().manual_seed(sampling.seed or 0)
     with torch.inference_mode():
@@ -82,19 +82,25 @@ def run_kernel(model, tok, prompts, n, sampling, workers=1, keep_logits=True):
             g,
             keep_logits,
         )
-        cpu_kernel.generate(run, workers)
+        cpu_kernel.generate(run, workers, coop=coop)
     return run
 
 
+# One slice on one thread; three cores decoding together (every product split by output columns
+# into uneven shares, rows dealt out for attention and sampling).
+DECODES = {"one-slice": {"workers": 1}, "cooperative": {"workers": 3, "coop": True}}
+
+
+@pytest.mark.parametrize("decode", DECODES)
 @pytest.mark.parametrize("arch,overrides", ARCHS, ids=ARCH_IDS)
-def test_every_step_logits_equal_hf_forward(arch, overrides):
+def test_every_step_logits_equal_hf_forward(arch, overrides, decode):
     model, tok = tiny_model(arch, seed=1, **overrides)
     model.eval()
     assert cpu_kernel.unsupported(model) is None
     # Different lengths (left padding), several rows per prompt that diverge (T = 1.5 sampling).
     prompts = [tok.encode("37+45="), tok.encode("8*9="), tok.encode("(2+3)*4=")]
     n, C = 3, 7
-    run = run_kernel(model, tok, prompts, n, SamplingParams(temperature=1.5, max_tokens=C, seed=3))
+    run = run_kernel(model, tok, prompts, n, SamplingParams(temperature=1.5, max_tokens=C, seed=3), **DECODES[decode])
     tokens = run.tokens_NC.tolist()
     checked = 0
     for r, row in enumerate(tokens):
@@ -130,13 +136,14 @@ def test_greedy_tokens_equal_generate(arch, overrides):
 
 def test_output_does_not_depend_on_the_row_split():
     """The draws are per (step, row) and a row's arithmetic does not depend on its neighbours: 1, 2
-    and 5 slices (fewer prompts than slices included: prompts and rows then split apart) give
-    identical tokens, and log-probs equal up to BLAS rounding (a GEMM over a
-    different number of rows may sum in another order)."""
+    and 5 slices (fewer prompts than slices included: prompts and rows then split apart) and 2 or
+    3 cores decoding together give identical tokens, and log-probs equal up to BLAS rounding (a
+    GEMM over a different number of rows may sum in another order)."""
     model, tok = tiny_model("llama", seed=4)
     prompts = [tok.encode(t) for t in ("1+1=", "22+33=", "9*9=", "100-1=", "7=")]
     sampling = SamplingParams(temperature=1.0, max_tokens=9, seed=11)
-    runs = [run_kernel(model, tok, prompts, 4, sampling, workers=w, keep_logits=False) for w in (1, 2, 5)]
+    splits = [(1, False), (2, False), (5, False), (2, True), (3, True)]
+    runs = [run_kernel(model, tok, prompts, 4, sampling, workers=w, keep_logits=False, coop=c) for w, c in splits]
     # The log-probs may differ by float32 rounding only: bounded by the float32 error of the
     # Hugging Face forward on the same sequences (tests/numerics.py), measured here.
     ref32, ref64 = [], []
