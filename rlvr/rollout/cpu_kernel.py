@@ -5,7 +5,8 @@ each, and for the shipped tiny model dispatch costs more than the arithmetic; a 
 spans several cores pays OpenMP's fork/join per op as well. The kernel runs prefill and whole decode
 loops for a slice of rows in one call, one slice per core on the C side's own thread team (the
 calling thread runs the first; ctypes releases the GIL), each with one BLAS thread, so the cores
-never wait for each other inside a step.
+never wait for each other inside a step; with few rows the cores instead decode all rows together,
+each computing its share of every product (``generate``, ``COOP_ROWS_PER_CORE``).
 
 Building: the source ships with the package and is compiled by the system C compiler (``$CC``, else
 ``cc`` / ``gcc``) into ``$RLVR_CACHE_DIR`` (default ``~/.cache/rlvr/kernels``) the first time it

@@ -27,6 +27,8 @@
  * OpenMP runtimes do: waking an idle core cost 1-3 ms on the virtual machine this was measured on,
  * the length of a whole tiny-model decode. `rlvr_wake` starts that spin early. Short spins only:
  * on a host whose cores are oversubscribed a spinning thread takes a core from a working one.
+ * With few rows a decode job is instead cooperative (JOB_COOP): every thread runs all rows and
+ * computes its share of each product's outputs ("cooperative decode" below).
  *
  * Layout conventions: row-major, nn.Linear weights [out, in]. Row r belongs to prompt r / n.
  * Step t samples token t of every live row: t = 0 from the prompt's last logits, t >= 1 by
@@ -158,19 +160,21 @@ static void silu_mul(const float *g, const float *u, float *a, int n) {
 
 /* ---- skinny products: a few rows against a whole weight matrix -----------------------------
  *
- * A decode step multiplies a slice's few live rows (often 1-8) by every weight matrix, so its
- * matmuls are bound by streaming the weights from memory, and BLAS's general kernels stream them
- * slowly at these shapes: MKL's sgemm moved 6-10 GB/s of weights at 2-8 rows on one core of the
- * development machine, against the ~24 GB/s a plain read reaches. `skinny_linear` keeps a block of
- * up to SKINNY_ROWS rows' inputs in L1 and runs a block of output features at a time, each weight
- * vector loaded once and used by every row of the block (rows x outputs accumulators in
- * registers); measured 1.3-3x MKL's sgemm at 1-8 rows on SmolLM2-135M's shapes (AVX-512), equal
- * at 16 rows, where the product stops being bound by the weights. A decode product takes this
- * path when its rows fit one register block (SKINNY_ROWS: 8 with AVX-512, 4 with AVX2, whose 8-row
- * products in two blocks measured slower than MKL's), BLAS otherwise. Same sums as a dot product,
- * in another order: float32 rounding only. */
+ * A decode step multiplies a slice's few live rows (1-32) by every weight matrix, so its matmuls
+ * are bound by streaming the weights from memory, and BLAS's general kernels stream them slowly at
+ * these shapes: MKL's sgemm moved 6-10 GB/s of weights at 2-8 rows on one core of the development
+ * machine, against the ~24 GB/s a plain read reaches. `skinny_linear` walks the output features in
+ * tiles of SKINNY_OUTS weight rows; for each tile it runs every block of SKINNY_ROWS input rows,
+ * rows x outputs accumulators in registers, so a weight comes from memory once (the first block,
+ * which also prefetches the next tile) and from L1 for the other blocks. Measured on SmolLM2-135M's
+ * shapes, one core, AVX-512, GFLOP/s against MKL's sgemm: 41 vs 22 at 8 rows, 58 vs 36 at 16, 73
+ * vs 53 at 32 on the LM head (weights from memory); 95-107 vs 61-90 on in-cache layer matrices. A
+ * decode product takes this path up to SKINNY_MAX_M rows, BLAS beyond (prefill). Same sums as a
+ * dot product, in another order: float32 rounding only. */
 #if defined(__AVX512F__)
-#define SKINNY_ROWS 8
+#define SKINNY_ROWS 4 /* 4 x 6 accumulators + 6 weight vectors + 1 input of the 32 registers */
+#define SKINNY_OUTS 6
+#define SKINNY_MAX_M 32
 typedef __m512 vfloat;
 #define VLEN 16
 #define vzero() _mm512_setzero_ps()
@@ -179,7 +183,9 @@ typedef __m512 vfloat;
 #define vfma(a, b, c) _mm512_fmadd_ps((a), (b), (c))
 #define vsum(v) _mm512_reduce_add_ps(v)
 #elif defined(__AVX2__) && defined(__FMA__)
-#define SKINNY_ROWS 4
+#define SKINNY_ROWS 4 /* 4 x 2 accumulators + 2 weight vectors + 1 input of the 16 registers */
+#define SKINNY_OUTS 2
+#define SKINNY_MAX_M 8
 typedef __m256 vfloat;
 #define VLEN 8
 #define vzero() _mm256_setzero_ps()
@@ -198,85 +204,70 @@ static inline float vsum(__m256 v) {
 #endif
 
 #ifdef SKINNY_ROWS
-/* y[0:RB, o] for o in [0, n - n % OB): RB rows exactly, OB outputs per pass, RB x OB accumulators
- * (chosen per width so they, the OB weight vectors and one input vector fit in the registers). */
-#define SKINNY_BLOCK(NAME, RB, OB)                                                                   \
-    static int NAME(int n, int k, const float *x, const float *w, float *y, int ldy, float beta) {   \
+/* y[0:RB, 0:SKINNY_OUTS] (+)= x[0:RB] @ wo[0:SKINNY_OUTS]^T for one tile and one block of RB rows;
+ * `prefetch`: also ask for the next tile's weights (the first block of a tile reads from memory). */
+#define SKINNY_TILE(NAME, RB)                                                                        \
+    static void NAME(int k, const float *x, const float *wo, float *y, int ldy, float beta,          \
+                     int prefetch) {                                                                 \
+        enum { OB = SKINNY_OUTS };                                                                   \
         const int k_full = k - k % VLEN, k_tail = k % VLEN;                                          \
-        int o = 0;                                                                                   \
-        for (; o + OB <= n; o += OB) {                                                               \
-            vfloat acc[OB][RB];                                                                      \
-            for (int i = 0; i < OB; ++i)                                                             \
-                for (int r = 0; r < RB; ++r) acc[i][r] = vzero();                                    \
-            const float *wo = w + (size_t)o * k;                                                     \
-            for (int j = 0; j < k_full; j += VLEN) {                                                 \
-                vfloat wv[OB];                                                                       \
-                for (int i = 0; i < OB; ++i) {                                                       \
-                    wv[i] = vload(wo + (size_t)i * k + j);                                           \
-                    if (RB >= 4) /* the next block's weights: measured +10-20% at 4-8 rows */        \
-                        _mm_prefetch((const char *)(wo + (size_t)(OB + i) * k + j), _MM_HINT_T0);    \
-                }                                                                                    \
-                for (int r = 0; r < RB; ++r) {                                                       \
-                    const vfloat xv = vload(x + (size_t)r * k + j);                                  \
-                    for (int i = 0; i < OB; ++i) acc[i][r] = vfma(wv[i], xv, acc[i][r]);             \
-                }                                                                                    \
+        vfloat acc[OB][RB];                                                                          \
+        for (int i = 0; i < OB; ++i)                                                                 \
+            for (int r = 0; r < RB; ++r) acc[i][r] = vzero();                                        \
+        for (int j = 0; j < k_full; j += VLEN) {                                                     \
+            vfloat wv[OB];                                                                           \
+            for (int i = 0; i < OB; ++i) {                                                           \
+                wv[i] = vload(wo + (size_t)i * k + j);                                               \
+                if (prefetch) _mm_prefetch((const char *)(wo + (size_t)(OB + i) * k + j), _MM_HINT_T0); \
             }                                                                                        \
-            if (k_tail) {                                                                            \
-                vfloat wv[OB];                                                                       \
-                for (int i = 0; i < OB; ++i) wv[i] = vload_tail(wo + (size_t)i * k + k_full, k_tail); \
-                for (int r = 0; r < RB; ++r) {                                                       \
-                    const vfloat xv = vload_tail(x + (size_t)r * k + k_full, k_tail);                \
-                    for (int i = 0; i < OB; ++i) acc[i][r] = vfma(wv[i], xv, acc[i][r]);             \
-                }                                                                                    \
+            for (int r = 0; r < RB; ++r) {                                                           \
+                const vfloat xv = vload(x + (size_t)r * k + j);                                      \
+                for (int i = 0; i < OB; ++i) acc[i][r] = vfma(wv[i], xv, acc[i][r]);                 \
             }                                                                                        \
-            for (int r = 0; r < RB; ++r)                                                             \
-                for (int i = 0; i < OB; ++i) {                                                       \
-                    float *yo = y + (size_t)r * ldy + o + i;                                         \
-                    const float s = vsum(acc[i][r]);                                                 \
-                    *yo = beta == 0.0f ? s : *yo * beta + s;                                         \
-                }                                                                                    \
         }                                                                                            \
-        return o;                                                                                    \
+        if (k_tail) {                                                                                \
+            vfloat wv[OB];                                                                           \
+            for (int i = 0; i < OB; ++i) wv[i] = vload_tail(wo + (size_t)i * k + k_full, k_tail);    \
+            for (int r = 0; r < RB; ++r) {                                                           \
+                const vfloat xv = vload_tail(x + (size_t)r * k + k_full, k_tail);                    \
+                for (int i = 0; i < OB; ++i) acc[i][r] = vfma(wv[i], xv, acc[i][r]);                 \
+            }                                                                                        \
+        }                                                                                            \
+        for (int r = 0; r < RB; ++r)                                                                 \
+            for (int i = 0; i < OB; ++i) {                                                           \
+                float *yo = y + (size_t)r * ldy + i;                                                 \
+                const float s = vsum(acc[i][r]);                                                     \
+                *yo = beta == 0.0f ? s : *yo * beta + s;                                             \
+            }                                                                                        \
     }
-#if VLEN == 16 /* 32 vector registers */
-SKINNY_BLOCK(skinny_1, 1, 8)
-SKINNY_BLOCK(skinny_2, 2, 8)
-SKINNY_BLOCK(skinny_3, 3, 7)
-SKINNY_BLOCK(skinny_4, 4, 6)
-SKINNY_BLOCK(skinny_5, 5, 4)
-SKINNY_BLOCK(skinny_6, 6, 4)
-SKINNY_BLOCK(skinny_7, 7, 3)
-SKINNY_BLOCK(skinny_8, 8, 3)
-typedef int (*skinny_block_fn)(int, int, const float *, const float *, float *, int, float);
-static const skinny_block_fn SKINNY_BY_ROWS[SKINNY_ROWS + 1] = {
-    NULL, skinny_1, skinny_2, skinny_3, skinny_4, skinny_5, skinny_6, skinny_7, skinny_8};
-#else /* 16 vector registers */
-SKINNY_BLOCK(skinny_1, 1, 6)
-SKINNY_BLOCK(skinny_2, 2, 4)
-SKINNY_BLOCK(skinny_3, 3, 3)
-SKINNY_BLOCK(skinny_4, 4, 2)
-typedef int (*skinny_block_fn)(int, int, const float *, const float *, float *, int, float);
-static const skinny_block_fn SKINNY_BY_ROWS[SKINNY_ROWS + 1] = {
-    NULL, skinny_1, skinny_2, skinny_3, skinny_4};
-#endif
+SKINNY_TILE(skinny_tile_1, 1)
+SKINNY_TILE(skinny_tile_2, 2)
+SKINNY_TILE(skinny_tile_3, 3)
+SKINNY_TILE(skinny_tile_4, 4)
+typedef void (*skinny_tile_fn)(int, const float *, const float *, float *, int, float, int);
+static const skinny_tile_fn SKINNY_TILE_BY_ROWS[SKINNY_ROWS + 1] = {
+    NULL, skinny_tile_1, skinny_tile_2, skinny_tile_3, skinny_tile_4};
 
-/* y[m, n_out] (row stride ldy) = x[m, k] @ w[n_out, k]^T + beta * y, any m, in row blocks. */
+/* y[m, n_out] (row stride ldy) = x[m, k] @ w[n_out, k]^T + beta * y, any m. */
 static void skinny_linear(int m, int n_out, int k, const float *x, const float *w, float *y,
                           int ldy, float beta) {
-    for (int r0 = 0; r0 < m; r0 += SKINNY_ROWS) {
-        const int rb = m - r0 < SKINNY_ROWS ? m - r0 : SKINNY_ROWS;
-        const float *xb = x + (size_t)r0 * k;
-        float *yb = y + (size_t)r0 * ldy;
-        const int done = SKINNY_BY_ROWS[rb](n_out, k, xb, w, yb, ldy, beta);
-        for (int r = 0; r < rb; ++r) /* the last n_out % OB outputs */
-            for (int o = done; o < n_out; ++o) {
-                const float *xr = xb + (size_t)r * k, *wo = w + (size_t)o * k;
-                float s = 0.0f;
-                for (int j = 0; j < k; ++j) s += xr[j] * wo[j];
-                float *yo = yb + (size_t)r * ldy + o;
-                *yo = beta == 0.0f ? s : *yo * beta + s;
-            }
+    const int n_tiles = n_out - n_out % SKINNY_OUTS;
+    for (int o = 0; o < n_tiles; o += SKINNY_OUTS) {
+        const float *wo = w + (size_t)o * k;
+        for (int r0 = 0; r0 < m; r0 += SKINNY_ROWS) {
+            const int rb = m - r0 < SKINNY_ROWS ? m - r0 : SKINNY_ROWS;
+            SKINNY_TILE_BY_ROWS[rb](k, x + (size_t)r0 * k, wo, y + (size_t)r0 * ldy + o, ldy, beta,
+                                    r0 == 0);
+        }
     }
+    for (int r = 0; r < m; ++r) /* the last n_out % SKINNY_OUTS outputs */
+        for (int o = n_tiles; o < n_out; ++o) {
+            const float *xr = x + (size_t)r * k, *wo = w + (size_t)o * k;
+            float s = 0.0f;
+            for (int j = 0; j < k; ++j) s += xr[j] * wo[j];
+            float *yo = y + (size_t)r * ldy + o;
+            *yo = beta == 0.0f ? s : *yo * beta + s;
+        }
 }
 #endif
 
@@ -297,7 +288,7 @@ int rlvr_skinny_linear(int m, int n_out, int k, const float *x, const float *w, 
 static void linear(const Ctx *c, int m, int n_out, int k, const float *x, const float *w,
                    float *y, int ldy, float beta) {
 #ifdef SKINNY_ROWS
-    if (m <= SKINNY_ROWS) { /* one register block of rows: each weight is read once */
+    if (m <= SKINNY_MAX_M) {
         skinny_linear(m, n_out, k, x, w, y, ldy, beta);
         return;
     }
@@ -778,7 +769,7 @@ int rlvr_decode(const Ctx *c, int r0, int r1, int t0, int t1) {
 /* 0 when `f` computes a small product right (checked once when the library is loaded, so a BLAS
  * with another integer width or argument convention is never used for real work). */
 int rlvr_check_sgemm(sgemm_fn f) {
-    enum { M = 12, K = 5, NO = 4 }; /* more rows than the skinny path takes (at most 8) */
+    enum { M = 40, K = 5, NO = 4 }; /* more rows than the skinny path takes (at most 32) */
     float x[M * K], w[NO * K], want[M * NO], got[M * NO];
     for (int i = 0; i < M * K; ++i) x[i] = (float)(i % 7) - 3.0f;
     for (int i = 0; i < NO * K; ++i) w[i] = (float)(i % 5) * 0.5f - 1.0f;
