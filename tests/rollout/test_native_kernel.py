@@ -32,7 +32,7 @@ def test_kernel_builds_and_uses_blas():
 
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 13])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 32, 33])
 @pytest.mark.parametrize(("n_out", "k"), [(37, 96), (64, 23), (1, 7), (19, 150)])
 def test_skinny_product_equals_the_float64_product(m, n_out, k):
     """The decode step's few-row product (rows in register blocks, outputs in groups, a masked tail
