@@ -27,7 +27,7 @@ import torch
 
 from rlvr.diagnostics.sinks import PhaseTimer
 from rlvr.config import Config
-from rlvr.core.lm_head import HEAD_CHUNK_ELEMENTS
+from rlvr.core.lm_head import HEAD_CHUNK_ELEMENTS, HEAD_KEEP_ELEMENTS
 from rlvr.errors import UserError
 
 GIB = 1024**3
@@ -288,6 +288,9 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
     else:
         acts = tokens * (L * per_layer + 8 * H)
     update = {"activations": acts, "log-prob head": head_buffers, "gradients": trainable * tb}
+    kept = mb * r.max_completion_length * V  # small enough: the head keeps its probabilities for backward
+    if kept <= HEAD_KEEP_ELEMENTS:
+        update["log-prob head: kept probabilities"] = kept * 4
     if not lora.enabled:
         update["head weight gradient (float32)"] = V * H * 4
 

@@ -100,6 +100,9 @@ def completion_logprobs(
     the completions against its cached keys and values (module docstring), where supported, in passes grouped by
     completion length (:func:`length_buckets`, each extra pass priced at ``bucket_pass_cost`` positions)."""
     head = plain_linear_head(model) if chunked else None
+    # Small enough to keep the head's probabilities for backward (rlvr.core.lm_head): decided once for the
+    # micro-batch, whose passes all live until its backward.
+    keep = head is not None and completion_ids_NT.numel() * head.weight.shape[0] <= core.HEAD_KEEP_ELEMENTS
     if shared_prompt:
         reason = shared_prompt_unsupported(model)
         if reason is None:
@@ -113,6 +116,7 @@ def completion_logprobs(
                 with_entropy,
                 head,
                 BUCKET_PASS_COST if bucket_pass_cost is None else bucket_pass_cost,
+                keep,
             )
             if out is not None:
                 return out
@@ -131,10 +135,10 @@ def completion_logprobs(
     )
     with _head_passes_hidden_states(head) if head is not None else nullcontext():
         out_NTX = model(**kwargs).logits[:, :-1, :]  # position t predicts token t+1
-    return _logprobs_from(out_NTX, completion_ids_NT, temperature, with_entropy, head)
+    return _logprobs_from(out_NTX, completion_ids_NT, temperature, with_entropy, head, keep)
 
 
-def _logprobs_from(out_NTX, ids_NT, temperature, with_entropy, head):
+def _logprobs_from(out_NTX, ids_NT, temperature, with_entropy, head, keep=False):
     """The forward's output at the positions that predict ``ids_NT``: final hidden states when ``head`` passed
     them through (chunked head), else full logits."""
     if head is not None:
@@ -146,7 +150,7 @@ def _logprobs_from(out_NTX, ids_NT, temperature, with_entropy, head):
             low = torch.get_autocast_dtype(device_type)
             weight, bias = weight.to(low), None if bias is None else bias.to(low)
             out_NTX = out_NTX.to(low)
-        return core.head_logprobs(out_NTX, weight, ids_NT, temperature, bias, with_entropy=with_entropy)
+        return core.head_logprobs(out_NTX, weight, ids_NT, temperature, bias, with_entropy=with_entropy, keep_probs=keep)
     logp_NT = core.token_logprobs(out_NTX, ids_NT, temperature=temperature)
     ent_NT = core.entropy_from_logits(out_NTX.detach(), temperature=temperature) if with_entropy else None
     return logp_NT, ent_NT
@@ -326,7 +330,7 @@ def length_buckets(need_N: list[int], pass_cost: int = BUCKET_PASS_COST) -> list
     return groups
 
 
-def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature, with_entropy, head, pass_cost):
+def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature, with_entropy, head, pass_cost, keep=False):
     """The shared-prompt forward (module docstring); None when no prompt repeats (nothing to share)."""
     N, L = ids_NL.shape
     T = comp_NT.shape[1]
@@ -402,7 +406,7 @@ def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature
                     **{key: _prefix_cache(prefix)},
                 ).logits
                 out_ntX = torch.cat([out_ntX, out], dim=1)
-            parts.append((rows, _logprobs_from(out_ntX, pick(comp_NT[:, : width + 1]), temperature, with_entropy, head)))
+            parts.append((rows, _logprobs_from(out_ntX, pick(comp_NT[:, : width + 1]), temperature, with_entropy, head, keep)))
     # Trimmed columns are padding: log-prob and entropy 0 there, outside every loss mask.
     logp_NT = torch.cat([F.pad(lp, (0, T - lp.shape[1])) for _, (lp, _) in parts])
     ent_NT = None if not with_entropy else torch.cat([F.pad(e, (0, T - e.shape[1])) for _, (_, e) in parts])

@@ -26,7 +26,7 @@ from rlvr.core.corrections import (
     off_policy_sequence_mask,
     sampler_importance_weights,
 )
-from rlvr.core.lm_head import head_logprobs
+from rlvr.core.lm_head import HEAD_KEEP_ELEMENTS, head_logprobs
 from rlvr.core.logprobs import completion_mask, entropy_from_logits, token_logprobs
 from rlvr.core.loss import (
     IMPORTANCE_SAMPLING_LEVELS,
@@ -56,6 +56,7 @@ __all__ = [
     "completion_mask",
     "compute_advantages",
     "entropy_from_logits",
+    "HEAD_KEEP_ELEMENTS",
     "head_logprobs",
     "high_entropy_mask",
     "loss_type_names",

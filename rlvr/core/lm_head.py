@@ -9,6 +9,11 @@ Peak extra memory is about two [chunk_rows, V] float32 buffers (plus, when the h
 trains, a float32 [V, H] gradient accumulator). Cost: the head's matmul runs twice (forward and
 backward recompute), about 1/3 more head FLOPs; the head is ~10% of a 1.7B model's FLOPs per token.
 
+Where the probabilities of a whole call are small (``keep_probs``: a small vocabulary or few tokens, the
+caller's choice against ``HEAD_KEEP_ELEMENTS``), forward keeps them for backward instead: backward then skips the
+recompute (a quarter of the head's matmuls, ~5% of SmolLM2-135M's update) and the values are the same, since
+backward would rebuild them with the same chunks and the same operations.
+
 Numerics are those of the plain path ``token_logprobs(F.linear(h, W, b), ids, T)``: logits in the
 weight's dtype, cast to float32 (float64 for float64) and divided by the sampling temperature; the
 logits gradient is cast back to the weight's dtype before the two matmuls of the linear backward.
@@ -21,11 +26,14 @@ import torch.nn.functional as F
 
 from rlvr.core.logprobs import _compute_dtype
 
-__all__ = ["HEAD_CHUNK_ELEMENTS", "head_logprobs"]
+__all__ = ["HEAD_CHUNK_ELEMENTS", "HEAD_KEEP_ELEMENTS", "head_logprobs"]
 
 # 16M logits per chunk: 64 MiB per float32 buffer, about two alive at once (110 tokens of a 152k vocabulary,
 # enough rows that the weight is read ~20 times per micro-batch of 2,000 tokens, not once per token).
 HEAD_CHUNK_ELEMENTS = 1 << 24
+# Probabilities kept for backward when a micro-batch's completion tokens x vocabulary is at most this: 64M
+# float32 values, 256 MiB (SmolLM2-135M's 8 x 128 tokens x 49,152 = 50M; a 152k vocabulary keeps ~440 tokens).
+HEAD_KEEP_ELEMENTS = 1 << 26
 
 
 def _chunks(num_rows: int, chunk_rows: int):
@@ -42,30 +50,34 @@ class _HeadLogProb(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden_RH, weight_VH, bias_V, ids_R, temperature, chunk_rows, with_entropy):
+    def forward(ctx, hidden_RH, weight_VH, bias_V, ids_R, temperature, chunk_rows, with_entropy, keep_probs):
         compute = _compute_dtype(hidden_RH.dtype)
         R = hidden_RH.shape[0]
         logp_R = torch.empty(R, dtype=compute, device=hidden_RH.device)
         lse_R = torch.empty(R, dtype=compute, device=hidden_RH.device)
         ent_R = torch.empty(R if with_entropy else 0, dtype=compute, device=hidden_RH.device)
+        kept = []  # each chunk's probabilities, for backward, when keep_probs
         for c in _chunks(R, chunk_rows):
             s = _scaled_logits(hidden_RH[c], weight_VH, bias_V, temperature, compute)
             lse_R[c] = torch.logsumexp(s, dim=-1)
             logp_R[c] = s.gather(-1, ids_R[c].unsqueeze(-1)).squeeze(-1) - lse_R[c]
-            if with_entropy:  # H = -sum p log p, with log p = s - lse computed in place
+            if with_entropy or keep_probs:  # log p = s - lse, in place
                 logp_all = s.sub_(lse_R[c].unsqueeze(-1))
                 p = logp_all.exp()
-                # A -inf logit (a banned token) has p = 0 and contributes 0, not 0 * -inf = NaN.
-                ent_R[c] = -p.mul_(torch.nan_to_num_(logp_all, neginf=0.0)).sum(-1)
+                if keep_probs:
+                    kept.append(p)
+                if with_entropy:  # H = -sum p log p; a -inf logit (a banned token) has p = 0 and adds 0, not NaN
+                    plogp = p * torch.nan_to_num_(logp_all, neginf=0.0) if keep_probs else p.mul_(logp_all.nan_to_num_(neginf=0.0))
+                    ent_R[c] = -plogp.sum(-1)
             del s
-        ctx.save_for_backward(hidden_RH, weight_VH, bias_V, ids_R, lse_R)
+        ctx.save_for_backward(hidden_RH, weight_VH, bias_V, ids_R, lse_R, *kept)
         ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
         ctx.mark_non_differentiable(ent_R)  # entropy feeds metrics and token masks, never the gradient
         return logp_R, ent_R
 
     @staticmethod
     def backward(ctx, grad_logp_R, _grad_ent_R):
-        hidden_RH, weight_VH, bias_V, ids_R, lse_R = ctx.saved_tensors
+        hidden_RH, weight_VH, bias_V, ids_R, lse_R, *kept = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         compute = _compute_dtype(hidden_RH.dtype)
         grad_h = torch.empty_like(hidden_RH) if need_h else None
@@ -74,10 +86,13 @@ class _HeadLogProb(torch.autograd.Function):
         acc = torch.float64 if weight_VH.dtype == torch.float64 else torch.float32
         grad_w = torch.zeros(weight_VH.shape, dtype=acc, device=weight_VH.device) if need_w else None
         grad_b = torch.zeros(bias_V.shape, dtype=acc, device=bias_V.device) if need_b else None
-        for c in _chunks(hidden_RH.shape[0], ctx.chunk_rows):
+        for i, c in enumerate(_chunks(hidden_RH.shape[0], ctx.chunk_rows)):
             h = hidden_RH[c]
-            probs = _scaled_logits(h, weight_VH, bias_V, ctx.temperature, compute)
-            probs.sub_(lse_R[c].unsqueeze(-1)).exp_()
+            if kept:  # forward's own probabilities (consumed: this is the graph's only backward)
+                probs = kept[i]
+            else:
+                probs = _scaled_logits(h, weight_VH, bias_V, ctx.temperature, compute)
+                probs.sub_(lse_R[c].unsqueeze(-1)).exp_()
             probs.scatter_add_(-1, ids_R[c].unsqueeze(-1), -torch.ones_like(probs[:, :1]))  # p - onehot
             g_logits = probs.mul_(-grad_logp_R[c].to(compute).unsqueeze(-1) / ctx.temperature).to(hidden_RH.dtype)
             del probs
@@ -91,6 +106,7 @@ class _HeadLogProb(torch.autograd.Function):
             grad_h,
             None if grad_w is None else grad_w.to(weight_VH.dtype),
             None if grad_b is None else grad_b.to(bias_V.dtype),
+            None,
             None,
             None,
             None,
@@ -113,12 +129,15 @@ def head_logprobs(
     bias_V: torch.Tensor | None = None,
     with_entropy: bool = False,
     chunk_elements: int = HEAD_CHUNK_ELEMENTS,
+    keep_probs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """([N, T] log-prob of each id, [N, T] entropy or None) under ``softmax((h W^T + b) / temperature)``.
 
     ``hidden_NTH[:, t]`` must be the final (normed) hidden state that *predicted* ``ids_NT[:, t]``. The
     log-probs are differentiable in hidden states, weight and bias; the entropy is not (detached, as the
     loss uses it). ``chunk_elements`` bounds one chunk's logits: ``chunk_elements // V`` tokens at a time.
+    ``keep_probs``: keep the [N * T, V] float32 probabilities for backward instead of recomputing them there
+    (memory for time; same values). Ignored where no gradient will be taken.
     """
     if temperature <= 0:
         raise ValueError(
@@ -133,7 +152,11 @@ def head_logprobs(
         raise ValueError(f"LM-head weight {tuple(weight_VH.shape)} does not take hidden size {hidden_NTH.shape[-1]}.")
     H, V = hidden_NTH.shape[-1], weight_VH.shape[0]
     chunk_rows = max(1, chunk_elements // max(V, 1))
-    logp_R, ent_R = _HeadLogProb.apply(
-        hidden_NTH.reshape(-1, H), weight_VH, bias_V, ids_NT.reshape(-1), float(temperature), chunk_rows, with_entropy
+    grads = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (hidden_NTH, weight_VH, bias_V)
     )
+    logp_R, ent_R = _HeadLogProb.apply(
+        hidden_NTH.reshape(-1, H), weight_VH, bias_V, ids_NT.reshape(-1), float(temperature), chunk_rows,
+        with_entropy, keep_probs and grads,
+    )  # fmt: skip
     return logp_R.view(ids_NT.shape), ent_R.view(ids_NT.shape) if with_entropy else None

@@ -23,18 +23,20 @@ def _plain(h, w, b, ids, temperature):
     return token_logprobs(logits, ids, temperature), entropy_from_logits(logits.detach(), temperature)
 
 
+@pytest.mark.parametrize("keep_probs", [False, True])
 @pytest.mark.parametrize("chunk_elements", [1, 13 * 4, 1 << 25])  # one token per chunk, 4 tokens (ragged), all
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("bias", [False, True])
-def test_values_and_gradients_match_the_plain_path_float64(chunk_elements, temperature, bias):
+def test_values_and_gradients_match_the_plain_path_float64(chunk_elements, temperature, bias, keep_probs):
     h, w, b, ids = _inputs(bias=bias)
     leaves_a = [t.clone().requires_grad_() for t in (h, w) + ((b,) if bias else ())]
     leaves_b = [t.clone().requires_grad_() for t in (h, w) + ((b,) if bias else ())]
     ba = leaves_a[2] if bias else None
     bb = leaves_b[2] if bias else None
     ours, ent = head_logprobs(
-        leaves_a[0], leaves_a[1], ids, temperature, ba, with_entropy=True, chunk_elements=chunk_elements
-    )
+        leaves_a[0], leaves_a[1], ids, temperature, ba, with_entropy=True, chunk_elements=chunk_elements,
+        keep_probs=keep_probs,
+    )  # fmt: skip
     ref, ref_ent = _plain(leaves_b[0], leaves_b[1], bb, ids, temperature)
     assert torch.allclose(ours, ref, rtol=0, atol=1e-12)
     assert torch.allclose(ent, ref_ent, rtol=0, atol=1e-12)
@@ -44,6 +46,36 @@ def test_values_and_gradients_match_the_plain_path_float64(chunk_elements, tempe
     (ref * weights).sum().backward()
     for a, r in zip(leaves_a, leaves_b):
         assert torch.allclose(a.grad, r.grad, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("with_entropy", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kept_probabilities_give_the_recomputed_gradients_exactly(with_entropy, dtype):
+    """Keeping the probabilities for backward skips a recompute that would rebuild the same values with the same
+    chunks and operations: values, entropy and every gradient are bitwise those of the recomputing path."""
+    h, w, b, ids = _inputs(N=4, T=6, H=8, V=29, bias=True, dtype=dtype)
+    runs = []
+    for keep in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (h, w, b)]
+        logp, ent = head_logprobs(
+            leaves[0], leaves[1], ids, 0.7, leaves[2], with_entropy=with_entropy, chunk_elements=29 * 5,
+            keep_probs=keep,
+        )  # fmt: skip
+        (logp * torch.linspace(-1, 2, ids.numel()).view(ids.shape).to(dtype)).sum().backward()
+        runs.append((logp.detach(), ent, *(t.grad for t in leaves)))
+    for a, b_ in zip(*runs):
+        assert (a is None and b_ is None) or torch.equal(a, b_)
+
+
+def test_kept_probabilities_are_not_reused_by_a_second_backward():
+    """Backward consumes the kept probabilities in place: a second backward through the same graph must fail
+    loudly (autograd's in-place check), not return a wrong gradient."""
+    h, w, _, ids = _inputs(dtype=torch.float32)
+    h.requires_grad_()
+    logp, _ = head_logprobs(h, w, ids, keep_probs=True)
+    logp.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="inplace"):
+        logp.sum().backward()
 
 
 def test_gradcheck_through_hidden_weight_and_bias():
