@@ -21,8 +21,8 @@ import torch
 
 from rlvr import core, distributed, memory, policy_logprobs
 from rlvr.batch import LogProbs, PackedBatch, Rollouts, batch_metrics, completion_records, pack
-from rlvr.builders import (build_engine, build_loss_settings, build_optimizer, build_scheduler, load_model,
-                           load_tokenizer, update_threads)
+from rlvr.builders import (UpdateThreads, build_engine, build_loss_settings, build_optimizer, build_scheduler,
+                           load_model, load_tokenizer, update_threads)
 from rlvr.checkpoint import resume_run, save_final, save_run
 from rlvr.config import Config
 from rlvr.console import Console
@@ -35,7 +35,6 @@ from rlvr.evaluate import evaluate
 from rlvr.rewards.scoring import RewardFn, load_reward_functions, reward_specs, score
 from rlvr.rollout import check_mismatch, logprob_mismatch_metrics
 from rlvr.rollout.base import RolloutEngine, SamplingParams
-from rlvr.rollout.common import torch_threads
 from rlvr.tasks.prompts import as_completion_payload, encode_prompts
 from rlvr.tasks.stream import PromptStream, eval_rows
 
@@ -61,7 +60,7 @@ class Run:
     group_filter: GroupFilter | None  # DAPO dynamic sampling / prompt skipping; None when both are off
     logger: MetricLogger | None  # rank 0 only
     console: Console
-    update_threads: int | None  # torch threads of the trainer's passes (train.update_threads resolved)
+    update_threads: UpdateThreads  # torch threads of the trainer's passes (train.update_threads resolved)
     timer: PhaseTimer = field(default_factory=memory.PhaseMeter)  # timing/<phase>, memory/peak_<phase>
     step: int = 0  # optimizer steps taken
     generation: int = 0  # generation batches sampled (seeds sampling: resumable)
@@ -375,10 +374,10 @@ def _train(cfg: Config, console: Console) -> dict:
         with run.timer("advantage"):
             adv_N = advantage(run, batch)
         packed = pack(batch, run.tokenizer.pad_token_id, run.device)
-        with run.timer("logprobs"), torch_threads(run.update_threads):
+        with run.timer("logprobs"), run.update_threads.applied():
             logps = logprobs(run, packed, torch.tensor(batch.truncated_N(), device=run.device))
         step_before = run.step
-        with run.timer("update"), torch_threads(run.update_threads):
+        with run.timer("update"), run.update_threads.applied(measure=True):
             step_metrics = update(run, packed, adv_N.to(run.device), logps)
         with run.timer("sync"):
             sync(run)
