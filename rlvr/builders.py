@@ -10,7 +10,6 @@ import contextlib
 import inspect
 import math
 import os
-import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from torch.distributed.tensor import DTensor
 
 from rlvr import core
 from rlvr.config import AlgoConfig, Config, stale_sampler_problem
+from rlvr.rollout.common import FasterOf, torch_threads
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -98,43 +98,22 @@ def load_model(cfg: Config, device: torch.device, trainable: bool = True) -> tor
     return model
 
 
-class UpdateThreads:
+class UpdateThreads(FasterOf):
     """The torch threads of the trainer's passes (``train.update_threads``): one setting (an int, or None for
-    torch's own), or, for ``auto`` on a small CPU model, two candidates chosen between by measurement. Such a
-    model's update ran 1.2x faster on two threads than on one on a quiet 2-core machine and 4-14x slower on a
-    loaded one (a descheduled sibling thread stalls every op), so neither is right everywhere: the first
-    ``PROBE`` steps of every ``WINDOW`` alternate the candidates, and the rest of the window runs the one whose
-    median update time was lower (the load of a shared machine changes; each window measures again)."""
-
-    PROBE = 3  # update phases per candidate per window (a median of 3 ignores one slow first call)
-    WINDOW = 100
-
-    def __init__(self, candidates: list[int | None]):
-        self.candidates = candidates
-        self.chosen = candidates[0]
-        self._step, self._seconds = 0, {c: [] for c in candidates}
-
-    def current(self) -> int | None:
-        k, n = self._step % self.WINDOW, len(self.candidates)
-        return self.candidates[k % n] if k < self.PROBE * n else self.chosen
+    torch's own), or, for ``auto`` on a small CPU model, one thread and torch's threads chosen between by the
+    update phase's time (:class:`rlvr.rollout.common.FasterOf`). Such a model's update ran 1.2x faster on two
+    threads than on one on a quiet 2-core machine and 4-14x slower on a loaded one (a descheduled sibling thread
+    stalls every op), so neither is right everywhere."""
 
     @contextlib.contextmanager
     def applied(self, measure: bool = False) -> Iterator[None]:
         """The block on this step's threads; ``measure``: the block is the step's update phase (timed, and the
         step counted)."""
-        from rlvr.rollout.common import torch_threads
-
         threads, start = self.current(), time.perf_counter()
         with torch_threads(threads):
             yield
-        if not measure or len(self.candidates) == 1:
-            return
-        k, n = self._step % self.WINDOW, len(self.candidates)
-        if k < self.PROBE * n:
-            self._seconds[threads] = ([] if k < n else self._seconds[threads]) + [time.perf_counter() - start]
-            if k == self.PROBE * n - 1:
-                self.chosen = min(self.candidates, key=lambda c: statistics.median(self._seconds[c]))
-        self._step += 1
+        if measure:
+            self.record(time.perf_counter() - start)
 
 
 def update_threads(cfg: Config, model: torch.nn.Module, device: torch.device) -> UpdateThreads:

@@ -18,6 +18,7 @@ completion, so no two completions of a run share a stream (see ``stream_seed``).
 from __future__ import annotations
 
 import contextlib
+import statistics
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -345,3 +346,39 @@ def torch_threads(threads: int | None) -> Iterator[None]:
     finally:
         if switch:
             torch.set_num_threads(previous)
+
+
+class FasterOf:
+    """Ways of doing the same work, chosen between by measuring them where they run: the first ``PROBE`` uses of
+    every ``WINDOW`` alternate the candidates (``current``), the caller reports each use's cost (``record``), and
+    the rest of the window runs the candidate with the lowest median cost. On a shared machine which one wins
+    changes with the load (a way that splits work across cores waits for descheduled siblings), so every window
+    measures again. With one candidate it is simply that one."""
+
+    PROBE = 3  # uses per candidate per window: a median of 3 ignores one slow first call
+    WINDOW = 100
+
+    def __init__(self, candidates: list):
+        self.candidates = list(candidates)
+        self.chosen = self.candidates[0]
+        self._uses, self._costs = 0, {i: [] for i in range(len(self.candidates))}
+
+    def _probing(self) -> int | None:
+        """The candidate index this use probes, or None once the window's probes are done."""
+        k, n = self._uses % self.WINDOW, len(self.candidates)
+        return k % n if n > 1 and k < self.PROBE * n else None
+
+    def current(self):
+        i = self._probing()
+        return self.chosen if i is None else self.candidates[i]
+
+    def record(self, cost: float) -> None:
+        """The cost (seconds, or seconds per unit of work) of the use ``current`` just gave."""
+        i, n = self._probing(), len(self.candidates)
+        if i is not None:
+            k = self._uses % self.WINDOW
+            self._costs[i] = ([] if k < n else self._costs[i]) + [cost]
+            if k == self.PROBE * n - 1:
+                best = min(range(n), key=lambda j: statistics.median(self._costs[j]))
+                self.chosen = self.candidates[best]
+        self._uses += 1

@@ -403,14 +403,21 @@ PREFILL, DECODE, BOTH, COOP = 0, 1, 2, 3
 COOP_ROWS_PER_CORE = 8
 
 
+def coop_suits(run: KernelDecode, workers: int) -> bool:
+    """Whether ``run`` has few enough rows per core for a cooperative decode to pay (on a quiet machine)."""
+    slices = len(run.slices(workers)[1])
+    return slices > 1 and run.N <= COOP_ROWS_PER_CORE * slices
+
+
 def generate(run: KernelDecode, workers: int, stop_check=None, coop: bool | None = None) -> None:
     """Prefill and decode every row of ``run``: one job when there are no stop strings; otherwise
     one step per job, with ``stop_check(t)`` (which may clear rows of ``run.alive_N``) between.
-    ``coop``: decode cooperatively (None: when there are at most COOP_ROWS_PER_CORE rows per
-    core); the completions are the same either way."""
+    ``coop``: decode cooperatively (None: when ``coop_suits``); the completions are the same either
+    way. The engine chooses by measurement (``NativeEngine.kernel_coop``)."""
     own, slices = run.slices(workers)
     if coop is None:
-        coop = len(slices) > 1 and run.N <= COOP_ROWS_PER_CORE * len(slices)
+        coop = coop_suits(run, workers)
+    coop = coop and len(slices) > 1
     members = [(0, run.N, 0, 0)] * len(slices) if coop else None
     steps = run.C if stop_check is None else 1
     if coop:  # prefill in slices, then every core on every row

@@ -173,7 +173,7 @@ def test_engine_uses_every_torch_thread_by_default(monkeypatch):
     decoder's per-op threading, not for the kernel's slices)."""
     model, tok = tiny_model("llama")
     seen = []
-    monkeypatch.setattr(cpu_kernel, "generate", lambda run, workers, stop=None: seen.append(workers))
+    monkeypatch.setattr(cpu_kernel, "generate", lambda run, workers, stop=None, coop=None: seen.append(workers))
     previous = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
@@ -337,3 +337,21 @@ def test_auto_mode_runs_the_kernel_only_with_blas_and_says_which_decoder_runs(mo
     assert engine.last_decoder == "torch"
     forced = make_engine("native", model, tok, cpu_kernel=True)  # asked for explicitly: it runs, and says it is slow
     assert forced.describe(sampling) == "native engine: C decode kernel (portable matmul loop (slow))"
+
+
+def test_engine_measures_cooperating_against_slices_and_gets_the_same_completions(monkeypatch):
+    """With few rows per core the engine probes both decodes (alternately, by time per token), then keeps one;
+    every request gives the same completions whichever ran."""
+    model, tok = tiny_model("llama", seed=4)
+    engine = make_engine("native", model, tok, cpu_threads=2)
+    seen, real = [], cpu_kernel.generate
+    monkeypatch.setattr(
+        cpu_kernel, "generate", lambda run, workers, stop=None, coop=None: seen.append(coop) or real(run, workers, stop, coop)
+    )
+    sampling = SamplingParams(temperature=1.0, max_tokens=6, seed=5)
+    outs = [[c.token_ids for c in engine.generate([tok.encode("12+3="), tok.encode("4*4=")], 3, sampling)] for _ in range(8)]
+    probes = 2 * engine.kernel_coop.PROBE
+    assert seen[:probes] == [True, False] * engine.kernel_coop.PROBE
+    assert len(set(seen[probes:])) == 1 and seen[probes] == engine.kernel_coop.chosen
+    assert all(o == outs[0] for o in outs)
+    engine.close()
