@@ -510,6 +510,21 @@ static void own_at(const Ctx *c, int m, float *b, Own *o) {
     o->work = o->tmp + 2 * c->D;
 }
 
+/* Work space for one thread alone on m rows: shared and own parts in one block (*mem) and a row list
+ * (*rows); free both. 0, or -1 when out of memory (nothing to free then). */
+static int solo_alloc(const Ctx *c, int m, Shared *sh, Own *own, Row **rows, float **mem) {
+    *rows = (Row *)malloc(sizeof(Row) * m);
+    *mem = (float *)malloc(sizeof(float) * (shared_floats(c, m) + own_floats(c, m)));
+    if (!*rows || !*mem) {
+        free(*rows);
+        free(*mem);
+        return -1;
+    }
+    shared_at(c, m, *mem, sh);
+    own_at(c, m, *mem + shared_floats(c, m), own);
+    return 0;
+}
+
 /* ---- cooperative decode: the members of a team share the rows and split every product ------
  *
  * A slice of rows per core (the default) makes every core stream every weight matrix each step.
@@ -673,12 +688,10 @@ int rlvr_prefill(const Ctx *c, int b0, int b1) {
     if (m <= 0) return 0;
     Shared sh;
     Own own;
-    Part one = {0, 1, 0};
-    Row *rows = (Row *)malloc(sizeof(Row) * m);
-    float *mem = (float *)malloc(sizeof(float) * (shared_floats(c, m) + own_floats(c, m)));
-    if (!rows || !mem) { free(rows); free(mem); return -1; }
-    shared_at(c, m, mem, &sh);
-    own_at(c, m, mem + shared_floats(c, m), &own);
+    Row *rows;
+    float *mem;
+    Part one = {0, 1, 0}; /* this thread is the whole team */
+    if (solo_alloc(c, m, &sh, &own, &rows, &mem)) return -1;
     float *x = sh.x;
     const int prev_threads = c->set_threads_local ? c->set_threads_local(1) : 0;
     int i = 0;
@@ -752,14 +765,12 @@ static void decode_rows(const Ctx *c, Part *p, int r0, int r1, int t0, int t1, c
 int rlvr_decode(const Ctx *c, int r0, int r1, int t0, int t1) {
     const int m_max = r1 - r0;
     if (m_max <= 0) return 0;
+    Part one = {0, 1, 0};
     Shared sh;
     Own own;
-    Part one = {0, 1, 0};
-    Row *rows = (Row *)malloc(sizeof(Row) * m_max);
-    float *mem = (float *)malloc(sizeof(float) * (shared_floats(c, m_max) + own_floats(c, m_max)));
-    if (!rows || !mem) { free(rows); free(mem); return -1; }
-    shared_at(c, m_max, mem, &sh);
-    own_at(c, m_max, mem + shared_floats(c, m_max), &own);
+    Row *rows;
+    float *mem;
+    if (solo_alloc(c, m_max, &sh, &own, &rows, &mem)) return -1;
     decode_rows(c, &one, r0, r1, t0, t1, &sh, &own, rows);
     free(mem);
     free(rows);
