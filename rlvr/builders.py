@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 
 from rlvr import core
 from rlvr.config import AlgoConfig, Config, stale_sampler_problem
-from rlvr.rollout.common import FasterOf, torch_threads
+from rlvr.rollout.common import FasterOf, one_thread_suits, torch_threads
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -118,8 +118,6 @@ class UpdateThreads(FasterOf):
 
 def update_threads(cfg: Config, model: torch.nn.Module, device: torch.device) -> UpdateThreads:
     """``train.update_threads`` resolved for this model."""
-    from rlvr.rollout.common import one_thread_suits
-
     setting = cfg.train.update_threads
     if setting != "auto":
         return UpdateThreads([setting])

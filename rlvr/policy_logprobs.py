@@ -150,7 +150,9 @@ def _logprobs_from(out_NTX, ids_NT, temperature, with_entropy, head, keep=False)
             low = torch.get_autocast_dtype(device_type)
             weight, bias = weight.to(low), None if bias is None else bias.to(low)
             out_NTX = out_NTX.to(low)
-        return core.head_logprobs(out_NTX, weight, ids_NT, temperature, bias, with_entropy=with_entropy, keep_probs=keep)
+        return core.head_logprobs(
+            out_NTX, weight, ids_NT, temperature, bias, with_entropy=with_entropy, keep_probs=keep
+        )
     logp_NT = core.token_logprobs(out_NTX, ids_NT, temperature=temperature)
     ent_NT = core.entropy_from_logits(out_NTX.detach(), temperature=temperature) if with_entropy else None
     return logp_NT, ent_NT
@@ -350,7 +352,9 @@ class _PromptRows(torch.autograd.Function):
         return grad_UF.view(ctx.shape), None
 
 
-def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature, with_entropy, head, pass_cost, keep=False):
+def _shared_prompt_logprobs(
+    model, ids_NL, attn_NL, pos_NL, comp_NT, temperature, with_entropy, head, pass_cost, keep=False
+):
     """The shared-prompt forward (module docstring); None when no prompt repeats (nothing to share)."""
     N, L = ids_NL.shape
     T = comp_NT.shape[1]
@@ -426,7 +430,8 @@ def _shared_prompt_logprobs(model, ids_NL, attn_NL, pos_NL, comp_NT, temperature
                     **{key: _prefix_cache(prefix)},
                 ).logits
                 out_ntX = torch.cat([out_ntX, out], dim=1)
-            parts.append((rows, _logprobs_from(out_ntX, pick(comp_NT[:, : width + 1]), temperature, with_entropy, head, keep)))
+            ids_nt = pick(comp_NT[:, : width + 1])
+            parts.append((rows, _logprobs_from(out_ntX, ids_nt, temperature, with_entropy, head, keep)))
     # Trimmed columns are padding: log-prob and entropy 0 there, outside every loss mask.
     logp_NT = torch.cat([F.pad(lp, (0, T - lp.shape[1])) for _, (lp, _) in parts])
     ent_NT = None if not with_entropy else torch.cat([F.pad(e, (0, T - e.shape[1])) for _, (_, e) in parts])

@@ -67,8 +67,8 @@ class _HeadLogProb(torch.autograd.Function):
                 if keep_probs:
                     kept.append(p)
                 if with_entropy:  # H = -sum p log p; a -inf logit (a banned token) has p = 0 and adds 0, not NaN
-                    plogp = p * torch.nan_to_num_(logp_all, neginf=0.0) if keep_probs else p.mul_(logp_all.nan_to_num_(neginf=0.0))
-                    ent_R[c] = -plogp.sum(-1)
+                    logp_all.nan_to_num_(neginf=0.0)
+                    ent_R[c] = -(p * logp_all if keep_probs else p.mul_(logp_all)).sum(-1)
             del s
         ctx.save_for_backward(hidden_RH, weight_VH, bias_V, ids_R, lse_R, *kept)
         ctx.temperature, ctx.chunk_rows = temperature, chunk_rows

@@ -346,10 +346,13 @@ def test_engine_measures_cooperating_against_slices_and_gets_the_same_completion
     engine = make_engine("native", model, tok, cpu_threads=2)
     seen, real = [], cpu_kernel.generate
     monkeypatch.setattr(
-        cpu_kernel, "generate", lambda run, workers, stop=None, coop=None: seen.append(coop) or real(run, workers, stop, coop)
+        cpu_kernel,
+        "generate",
+        lambda run, workers, stop=None, coop=None: seen.append(coop) or real(run, workers, stop, coop),
     )
     sampling = SamplingParams(temperature=1.0, max_tokens=6, seed=5)
-    outs = [[c.token_ids for c in engine.generate([tok.encode("12+3="), tok.encode("4*4=")], 3, sampling)] for _ in range(8)]
+    prompts = [tok.encode("12+3="), tok.encode("4*4=")]
+    outs = [[c.token_ids for c in engine.generate(prompts, 3, sampling)] for _ in range(8)]
     probes = 2 * engine.kernel_coop.PROBE
     assert seen[:probes] == [True, False] * engine.kernel_coop.PROBE
     assert len(set(seen[probes:])) == 1 and seen[probes] == engine.kernel_coop.chosen

@@ -56,7 +56,13 @@ def _tiny(hidden):
 
 @pytest.mark.parametrize(
     ("setting", "hidden", "threads", "want"),
-    [("auto", 64, 2, [1, None]), ("auto", 64, 1, [None]), ("auto", 512, 2, [None]), (3, 64, 2, [3]), (None, 64, 2, [None])],
+    [
+        ("auto", 64, 2, [1, None]),
+        ("auto", 64, 1, [None]),
+        ("auto", 512, 2, [None]),
+        (3, 64, 2, [3]),
+        (None, 64, 2, [None]),
+    ],
 )
 def test_candidates(setting, hidden, threads, want):
     cfg = load_config(None, [f"train.update_threads={'null' if setting is None else setting}"])
