@@ -336,7 +336,8 @@ class _PromptRows(torch.autograd.Function):
     """``x_U.index_select(0, prompt_of_n)``: each completion row's copy of its prompt's tensor (last hidden state,
     a layer's keys or values), whose backward sums the rows' gradients into their prompt. Same as index_select's
     own backward, done as one index_add_ over [U, features] rows: ATen's CPU backward scatters through an index
-    expanded to the gradient's full shape, ~5x slower on the shipped model's prefix keys (~15% of its update)."""
+    expanded to the gradient's full shape, measured 2-5x slower for the op on small models' prefix keys (within
+    the noise of the shipped model's whole update)."""
 
     @staticmethod
     def forward(ctx, x_U, prompt_of_n):

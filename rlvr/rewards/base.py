@@ -30,9 +30,9 @@ class Verdict:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        # Every field by name, `extra` copied one level deep: dataclasses.asdict deep-copies recursively, which
-        # made it the largest cost of the shipped task's log phase (256 verdicts a step). Records are written,
-        # never mutated, so nothing below `extra`'s own values needs a copy of its own.
+        # Every field by name; `extra` and its dict and list values copied (what checkers put there is flat,
+        # JSON-able data). dataclasses.asdict deep-copies recursively, which was the largest cost of the shipped
+        # task's log phase (256 verdicts a step).
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["extra"] = {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v)
                         for k, v in self.extra.items()}

@@ -399,7 +399,7 @@ PREFILL, DECODE, BOTH, COOP = 0, 1, 2, 3
 # Rows per core up to which the cores decode together (JOB_COOP in the C source: every core runs
 # all rows and computes its share of each product's outputs) rather than one slice of rows each.
 # With few rows a step is bound by reading the weights, and slices make every core read all of
-# them; cooperating, each reads its share, at the price of four barriers per layer.
+# them; cooperating, each reads its share, at the price of five barriers per layer.
 COOP_ROWS_PER_CORE = 8
 
 

@@ -167,8 +167,8 @@ static void silu_mul(const float *g, const float *u, float *a, int n) {
  * tiles of SKINNY_OUTS weight rows; for each tile it runs every block of SKINNY_ROWS input rows,
  * rows x outputs accumulators in registers, so a weight comes from memory once (the first block,
  * which also prefetches the next tile) and from L1 for the other blocks. Measured on SmolLM2-135M's
- * shapes, one core, AVX-512, GFLOP/s against MKL's sgemm: 41 vs 22 at 8 rows, 58 vs 36 at 16, 73
- * vs 53 at 32 on the LM head (weights from memory); 95-107 vs 61-90 on in-cache layer matrices. A
+ * shapes, one core, AVX-512, GFLOP/s against MKL's sgemm: 35 vs 21 at 8 rows, 52 vs 31 at 16, 67
+ * vs 46 at 32 on the LM head (weights from memory); 88-100 vs 59-84 on the layers' matrices. A
  * decode product takes this path up to SKINNY_MAX_M rows, BLAS beyond (prefill). Same sums as a
  * dot product, in another order: float32 rounding only. */
 #if defined(__AVX512F__)
@@ -533,7 +533,7 @@ static int solo_alloc(const Ctx *c, int m, Shared *sh, Own *own, Row **rows, flo
  * it needs. In a cooperative decode all members run the same rows: each computes its share of the
  * output features of every product (reading only its share of each matrix), its share of the
  * rows for the per-row work (attention, sampling), and they meet at a barrier where one needs the
- * other's results: four times per layer and twice per step. Same arithmetic per element as one
+ * other's results: five times per layer and three times per step. Same arithmetic per element as one
  * slice: the completions do not depend on the number of members. */
 typedef struct {
     int tid, nth;
@@ -544,6 +544,12 @@ static struct {
     atomic_int count;
     atomic_int sense;
 } barrier;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
 
 /* Spin this long, then yield: on a host whose cores are oversubscribed a member that spins while
  * its partner is descheduled would hold the core the partner needs. */
@@ -558,13 +564,10 @@ static inline void part_sync(Part *p) {
         return;
     }
     for (int spins = 0; atomic_load(&barrier.sense) != p->sense;) {
-        if (++spins < BARRIER_SPINS) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-        } else {
+        if (++spins < BARRIER_SPINS)
+            cpu_relax();
+        else
             sched_yield();
-        }
     }
 }
 
@@ -829,12 +832,6 @@ static long now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
-
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
 }
 
 static int run_slice(int i) {
