@@ -126,12 +126,39 @@ def update_threads(cfg: Config, model: torch.nn.Module, device: torch.device) ->
     return UpdateThreads([None])
 
 
-def build_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
+def load_reference(cfg: Config, device: torch.device, run_dir: Path, rank: int = 0) -> torch.nn.Module | None:
+    """The frozen reference model: None with beta = 0 (TRL's default: nothing to load) and with LoRA (the base
+    model with the adapter switched off is the reference). With train.ref_offload its weights wait in a file
+    between reference passes (rlvr.offload.park)."""
+    if cfg.algo.beta == 0 or cfg.model.lora.enabled:
+        return None
+    ref_model = load_model(cfg, device, trainable=False)
+    if cfg.train.ref_offload:
+        from rlvr.offload import park, scratch_file
+
+        park(ref_model, scratch_file(cfg.train.optim_offload_dir, run_dir, "reference", rank))
+    return ref_model
+
+
+def build_optimizer(
+    cfg: Config, model: torch.nn.Module, run_dir: Path | None = None, rank: int = 0
+) -> torch.optim.Optimizer:
+    """``run_dir`` and ``rank`` place train.optim_offload's scratch file (one per process)."""
     t = cfg.train
     params = [p for p in model.parameters() if p.requires_grad]
     kwargs = dict(
         lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_epsilon, weight_decay=t.weight_decay
     )
+    if t.optim_offload:
+        if any(isinstance(p, DTensor) for p in params):
+            raise ValueError(
+                "train.optim_offload=true cannot stream FSDP's sharded parameters: use train.fsdp_cpu_offload=true "
+                "to keep the shards and AdamW state in host memory instead"
+            )
+        from rlvr.offload import DiskAdamW, scratch_file
+
+        path = scratch_file(t.optim_offload_dir, run_dir or Path(cfg.log.output_dir), "optimizer-moments", rank)
+        return DiskAdamW(params, path, **kwargs, fused=t.optim == "adamw_torch_fused")
     if t.optim == "adamw_torch_8bit":  # 8-bit moments: 2 bytes/parameter of Adam state instead of 4 (bf16) or 8
         try:
             from torchao.optim import AdamW8bit

@@ -9,6 +9,8 @@ A checkpoint is a folder ``OUTPUT_DIR/checkpoints/step-000050/`` holding:
   torch.distributed.checkpoint (DCP): each rank writes the shards it owns (under DDP the replicated
   tensors once), keyed by parameter name, with a ``.metadata`` index. DCP reads them back into whatever
   layout the resuming run has, so 2 FSDP ranks -> 1 process, 1 -> 2, and DDP <-> FSDP all load;
+- ``optimizer-moments.bin``, with ``train.optim_offload`` only: AdamW's moments, which that optimizer keeps in a
+  file rather than in its state (``rlvr.offload``); copied by rank 0 (DDP's ranks hold the same), resumed by all;
 - ``scheduler.pt``: its ``state_dict()`` (a step count, the same on every rank);
 - ``state.json``: step counters, diagnostics and anything else JSON-able that rank 0 owns;
 - ``rank-state{r}.json``, ``rng-rank{r}.pt`` per process r: what differs between ranks (data
@@ -38,6 +40,9 @@ import torch
 import torch.distributed as dist
 
 from rlvr import distributed
+from rlvr.offload import DiskAdamW
+
+MOMENTS_FILE = "optimizer-moments.bin"
 
 try:
     import numpy as np
@@ -154,6 +159,8 @@ def _save_checkpoint(
     if rank != 0:
         return final
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    if isinstance(optimizer, DiskAdamW):
+        optimizer.save_moments(tmp / MOMENTS_FILE)
     (tmp / "state.json").write_text(json.dumps({**state, "world_size": world}))
     _fsync_files(tmp, [f.name for f in tmp.iterdir() if f.is_file()])  # on disk before the rename shows them
     _fsync_files(tmp / "dcp", [f.name for f in (tmp / "dcp").iterdir()])
@@ -210,6 +217,13 @@ def load_checkpoint(
             else ""
         )
         raise FileNotFoundError(f"checkpoint {path} is incomplete (missing {', '.join(missing)}){hint}; pick another")
+    if (path / MOMENTS_FILE).exists() != isinstance(optimizer, DiskAdamW):
+        written = "true" if (path / MOMENTS_FILE).exists() else "false"
+        raise ValueError(
+            f"checkpoint {path} was written with train.optim_offload={written} (AdamW's moments "
+            f"{'in a file' if written == 'true' else 'in the optimizer state'}): resume with "
+            f"train.optim_offload={written}"
+        )
     state = json.loads((path / "state.json").read_text())
     saved_world = state.get("world_size", 1)
     options = _state_dict_options(model)
@@ -236,6 +250,8 @@ def load_checkpoint(
             f"{unexpected[:3]}): wrong model.path, or another LoRA setting?"
         )
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+    if isinstance(optimizer, DiskAdamW):
+        optimizer.load_moments(path / MOMENTS_FILE)
     if saved_world == world:
         _set_rng_state(torch.load(path / f"rng-rank{rank}.pt", weights_only=False))
         return state, json.loads((path / f"rank-state{rank}.json").read_text())

@@ -29,6 +29,7 @@ from rlvr.diagnostics.sinks import PhaseTimer
 from rlvr.config import Config
 from rlvr.core.lm_head import HEAD_CHUNK_ELEMENTS, HEAD_KEEP_ELEMENTS
 from rlvr.errors import UserError
+from rlvr.offload import CHUNK_ELEMENTS
 
 GIB = 1024**3
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -264,10 +265,13 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
     resident = {"runtime": CPU_RUNTIME_BYTES if device == "cpu" else 0, "weights": params * b}
     if lora.enabled:
         resident["adapter"] = adapter * 4
-    if cfg.algo.beta > 0 and not lora.enabled:
+    parked_ref = cfg.algo.beta > 0 and not lora.enabled and t.ref_offload  # in memory for its own pass only
+    if cfg.algo.beta > 0 and not lora.enabled and not parked_ref:
         resident["reference model"] = params * b
     if t.optim == "adamw_torch_8bit":  # torchao: 1 byte per moment plus one float32 scale per 256-block
         resident["optimizer state (8-bit AdamW m, v)"] = int(2 * trainable * (1 + 4 / 256))
+    elif t.optim_offload:  # rlvr.offload: the moments are in a file, two chunks of them staged
+        resident["AdamW staging (optim_offload)"] = 2 * min(trainable, CHUNK_ELEMENTS) * tb
     else:
         resident["optimizer state (AdamW m, v)"] = 2 * trainable * tb
 
@@ -303,10 +307,15 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
     )  # as train.logprobs decides
     if needs_old or cfg.algo.beta > 0:
         phases["logprobs"] = {"one layer's activations": tokens * (4 * H + 3 * I) * b, "log-prob head": head_buffers}
+        if parked_ref:
+            phases["logprobs"]["reference (ref_offload)"] = params * b
     notes = [
         f"assumes prompts of {P} tokens (rollout.max_prompt_length or the plan's --prompt-tokens), "
         f"completions of {r.max_completion_length}, {N} completions per generation batch, micro-batches of {mb}"
     ]
+    if t.optim_offload:
+        where = t.optim_offload_dir or cfg.log.output_dir
+        notes.append(f"train.optim_offload: AdamW's moments, {2 * trainable * tb / GIB:.2f} GiB, are a file in {where}")
     if device == "cpu" and t.release_freed_memory is not True:
         notes.append(
             f"train.release_freed_memory={str(t.release_freed_memory).lower()}: unless it is applied (auto: when "
@@ -382,6 +391,18 @@ _KNOBS = [
         lambda c: None if c.model.gradient_checkpointing else {"model.gradient_checkpointing": True},
     ),
     ("smaller micro-batches", "more, smaller passes; same gradient per optimizer step", _half_micro_batch),
+    (
+        "AdamW moments in a file",
+        "the same update; each optimizer step reads and writes 4x the trainable weights' bytes (rlvr.offload)",
+        lambda c: None if c.model.lora.enabled or c.train.optim_offload else {"train.optim_offload": True},
+    ),
+    (
+        "reference weights in a file",
+        "the same log-probs; the reference is read back once per generation batch (rlvr.offload)",
+        lambda c: (
+            None if c.algo.beta == 0 or c.model.lora.enabled or c.train.ref_offload else {"train.ref_offload": True}
+        ),
+    ),
     (
         "bfloat16 weights",
         "bf16 weights, gradients and Adam state",

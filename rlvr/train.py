@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from rlvr import core, distributed, memory, policy_logprobs
+from rlvr import core, distributed, memory, offload, policy_logprobs
 from rlvr.batch import LogProbs, PackedBatch, Rollouts, batch_metrics, completion_records, pack
 from rlvr.builders import (UpdateThreads, build_engine, build_loss_settings, build_optimizer, build_scheduler,
-                           load_model, load_tokenizer, update_threads)
+                           load_model, load_reference, load_tokenizer, update_threads)
 from rlvr.checkpoint import resume_run, save_final, save_run
 from rlvr.config import Config
 from rlvr.console import Console
@@ -175,7 +175,8 @@ def logprobs(run: Run, packed: PackedBatch, truncated_N: torch.Tensor) -> LogPro
             with run.model.disable_adapter():
                 ref_NT = torch.cat([completion_logprobs(run, run.model, packed.rows(s))[0] for s in mbs])
         else:
-            ref_NT = torch.cat([completion_logprobs(run, run.ref_model, packed.rows(s))[0] for s in mbs])
+            with offload.loaded(run.ref_model):  # train.ref_offload: read from its file for this pass only
+                ref_NT = torch.cat([completion_logprobs(run, run.ref_model, packed.rows(s))[0] for s in mbs])
     loss_mask_NT = packed.mask_NT
     if algo.mask_truncated_completions:  # DAPO overlong filtering: truncated completions carry no loss
         loss_mask_NT = loss_mask_NT * (~truncated_N).to(loss_mask_NT.dtype).unsqueeze(1)
@@ -300,8 +301,7 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
         memory.release_freed_memory()  # the resident set follows the tensors, as the plan assumes
     tokenizer = load_tokenizer(cfg.model.path)
     model = load_model(cfg, device)
-    # beta = 0 loads no reference model (TRL default); with LoRA the base model is the reference.
-    ref_model = load_model(cfg, device, trainable=False) if cfg.algo.beta > 0 and not cfg.model.lora.enabled else None
+    ref_model = load_reference(cfg, device, run_dir, dist.rank)  # None: beta = 0, or LoRA's base is the reference
     # Under FSDP the engine samples a gathered full copy, built before the model is sharded.
     engine = distributed.rollout_engine(model, lambda m: build_engine(cfg, m, tokenizer, run_dir), dist,
                                         cfg.train.parallelism)
@@ -309,7 +309,7 @@ def setup(cfg: Config, console: Console | None = None) -> Run:
     stream = PromptStream(cfg, dist.rank, dist.world)
     policy = distributed.wrap(model, dist, device, cfg.train.parallelism, cfg.train.fsdp_cpu_offload)
     ref_model = distributed.wrap_reference(ref_model, dist, device, cfg.train.parallelism)
-    optimizer = build_optimizer(cfg, model)
+    optimizer = build_optimizer(cfg, model, run_dir, dist.rank)
     scheduler = build_scheduler(cfg, optimizer)
     diagnostics = Diagnostics(run_dir if dist.is_main else None, cfg.rollout.num_generations, [rf.name for rf in reward_fns],
                               [rf.weight for rf in reward_fns], declared_roles(cfg.rewards, reward_fns),
@@ -390,6 +390,7 @@ def _train(cfg: Config, console: Console) -> dict:
     after = run_eval(run, "after") if cfg.log.eval_before_after else {}
     run.engine.close()  # first: under FSDP it frees the rollout copy before the final save gathers the weights
     save_final(run.run_dir / "final", run.model, run.tokenizer, run.dist)  # every rank: FSDP gathers the weights
+    offload.close(run.optimizer, run.ref_model)  # the scratch files of train.optim_offload and ref_offload
     if run.dist.is_main:
         run.diagnostics.close()
         run.logger.close()

@@ -143,6 +143,38 @@ def test_eight_bit_adam_is_opt_in_and_planned_at_a_quarter():
     assert type(opt).__name__ == "AdamW8bit" and opt.defaults["lr"] == low.train.learning_rate
 
 
+def test_offloads_move_the_moments_and_the_reference_out_of_the_resident_set():
+    shape = ModelShape.from_hf_config(_qwen3_config())
+    args = ["model.dtype=bfloat16", "train.per_device_train_batch_size=16", "algo.beta=0.04"]
+    base = estimate(load_config(None, args), shape)
+    off = estimate(load_config(None, [*args, "train.optim_offload=true", "train.ref_offload=true"]), shape)
+    n = shape.num_params  # smaller than one chunk: the staging holds the whole of it
+    assert "optimizer state (AdamW m, v)" not in off.resident and off.resident["AdamW staging (optim_offload)"] == 4 * n
+    assert "reference model" not in off.resident and off.phases["logprobs"]["reference (ref_offload)"] == 2 * n
+    assert off.phase_peak("update") == base.phase_peak("update") - 2 * n  # bf16 moments (4n) less the staging (2n)
+    assert off.phase_peak("logprobs") == base.phase_peak("logprobs") - 4 * n + 4 * n  # moments out, staging in
+    assert any("optim_offload: AdamW's moments" in note for note in off.notes)
+    with_lora = estimate(load_config(None, [*args, "model.lora.enabled=true", "train.ref_offload=true"]), shape)
+    assert "reference (ref_offload)" not in with_lora.phases["logprobs"]  # no separate reference to park
+
+
+def test_full_fine_tuning_of_a_1_7b_model_is_offered_the_offloads_before_lora():
+    from transformers import Qwen3Config
+
+    shape = ModelShape.from_hf_config(
+        Qwen3Config(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                    num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)
+    )
+    cfg = load_config(None, ["model.dtype=bfloat16", "algo.beta=0.04", "model.gradient_checkpointing=true",
+                             "train.per_device_train_batch_size=8", "train.gradient_accumulation_steps=4",
+                             "rollout.max_completion_length=256", "rollout.max_prompt_length=128"])
+    lines = memory.knobs_to_fit(cfg, shape, "cpu", free=int(9.5 * GIB))
+    order = [ln.split("=")[0] for ln in lines]
+    assert order.index("train.optim_offload") < order.index("train.ref_offload")  # the same result, in this order
+    assert not any(k in order for k in ("model.lora.enabled", "train.optim"))  # it fits before any change of result
+    assert float(lines[-1].rsplit("estimated peak", 1)[1].split()[0]) <= 9.5
+
+
 def test_knobs_are_concrete_settings_in_order():
     shape = ModelShape.from_hf_config(_qwen3_config())
     cfg = load_config(

@@ -1,0 +1,269 @@
+"""AdamW whose moments live in a file, not in memory (``train.optim_offload=true``).
+
+Full fine-tuning holds the weights, their gradients and AdamW's two moments: with bf16 weights that is 2 + 2 + 4
+bytes per parameter, and the moments are half of it (6.4 GiB of a 1.7B model's 12.8). They are touched once
+per optimizer step, element by element, so they need not stay resident: ZeRO-Infinity (Rajbhandari et al.,
+2021) keeps them on NVMe and streams them through the step. ``DiskAdamW`` does that on one machine: the
+moments of every parameter sit in one file; a step reads them in chunks of ``CHUNK_ELEMENTS`` into two
+staging buffers, applies PyTorch's own AdamW to that slice of the parameter (the fused kernel, or the
+per-parameter loop), and writes them back. The update is elementwise, so slicing changes nothing: the weights
+are bitwise those of ``torch.optim.AdamW`` with the same settings (tested).
+
+Cost: each step reads and writes the moments once (2 x 2 x 4 bytes per parameter for bf16, twice that
+for float32): ~13 GiB of I/O for a 1.7B model, which the page cache absorbs when memory is free and an
+NVMe disk serves in seconds when it is not; a 1.7B step on a CPU takes minutes. Memory saved: the moments,
+less two chunks of staging (``2 x CHUNK_ELEMENTS`` elements). The file is scratch: created sparse (reads as
+zeros, as fresh moments are), removed when the run closes; checkpoints copy it (``save_moments``).
+Parameters on an accelerator are staged through host memory, one chunk at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from torch.optim.adamw import adamw
+
+# 16M elements: 32 MiB (bf16) or 64 MiB (float32) of staging per moment, large enough that a read is one
+# sequential transfer, small next to any model worth offloading for.
+CHUNK_ELEMENTS = 1 << 24
+
+
+class DiskAdamW(torch.optim.Optimizer):
+    """AdamW (decoupled weight decay, no amsgrad) with its moments in ``path``; ``state`` holds only ``step``."""
+
+    def __init__(
+        self,
+        params,
+        path: str | os.PathLike,
+        *,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        fused: bool = False,
+        chunk_elements: int = CHUNK_ELEMENTS,
+    ):
+        # PyTorch's vectorised kernels finish a tensor's last partial vector with scalar code; slices that start
+        # on a multiple of 64 elements put every partial vector where the whole tensor has it (bitwise equal).
+        if chunk_elements <= 0 or chunk_elements % 64:
+            raise ValueError(f"chunk_elements must be a positive multiple of 64, got {chunk_elements}")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused))
+        self.path, self.chunk = Path(path), int(chunk_elements)
+        # Layout: per parameter, in param_groups order, its first moment then its second, in the parameter's
+        # dtype (torch.optim.AdamW's zeros_like(param)).
+        self._offset: dict[torch.Tensor, int] = {}
+        end = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                self._offset[p] = end
+                end += 2 * p.numel() * p.element_size()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.ftruncate(self._fd, end)  # a sparse file: unwritten moments read as zeros
+        self.nbytes = end
+        self._staging: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # ---------------------------------------------------------------------------------------- the step
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("train.optim_offload does not take sparse gradients")
+                state = self.state[p]
+                if "step" not in state:
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                flat_p, flat_g = _flat(p), p.grad.reshape(-1)
+                size = p.element_size()
+                for lo in range(0, p.numel(), self.chunk):
+                    n = min(self.chunk, p.numel() - lo)
+                    m, v = self._stage(p.dtype, n)
+                    base = self._offset[p]
+                    _read(self._fd, m, base + lo * size)
+                    _read(self._fd, v, base + (p.numel() + lo) * size)
+                    m_dev, v_dev = m.to(p.device), v.to(p.device)  # the same tensors on CPU
+                    # Each slice counts the step from the same value: AdamW's kernels increment what they get.
+                    step_t = state["step"].clone().to(p.device if group["fused"] else "cpu")
+                    adamw(
+                        [flat_p[lo : lo + n]], [flat_g[lo : lo + n]], [m_dev], [v_dev], [], [step_t],
+                        foreach=False, fused=group["fused"], amsgrad=False, beta1=beta1, beta2=beta2,
+                        lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
+                    )  # fmt: skip
+                    if m_dev is not m:
+                        m.copy_(m_dev)
+                        v.copy_(v_dev)
+                    _write(self._fd, m, base + lo * size)
+                    _write(self._fd, v, base + (p.numel() + lo) * size)
+                state["step"] += 1
+        return loss
+
+    def _stage(self, dtype: torch.dtype, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if dtype not in self._staging:
+            pin = torch.cuda.is_available()  # host-to-device copies of the staged chunk run from pinned pages
+            self._staging[dtype] = tuple(
+                torch.empty(self.chunk, dtype=dtype, pin_memory=pin) for _ in range(2)
+            )  # type: ignore[assignment]
+        m, v = self._staging[dtype]
+        return m[:n], v[:n]
+
+    # ---------------------------------------------------------------------------------------- files
+
+    def moments(self, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of ``p``'s first and second moments, read from the file (for tests and inspection)."""
+        m, v = torch.empty(p.numel(), dtype=p.dtype), torch.empty(p.numel(), dtype=p.dtype)
+        _read(self._fd, m, self._offset[p])
+        _read(self._fd, v, self._offset[p] + p.numel() * p.element_size())
+        return m.view(p.shape), v.view(p.shape)
+
+    def save_moments(self, dest: Path) -> None:
+        """Copy the moments file to ``dest`` (a checkpoint; the caller syncs it): streamed, never resident."""
+        with open(self.path, "rb") as src, open(dest, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 24)
+
+    def load_moments(self, src: Path) -> None:
+        """Replace the moments with a file ``save_moments`` wrote for the same parameters."""
+        size = src.stat().st_size
+        if size != self.nbytes:
+            raise ValueError(
+                f"{src} holds {size} bytes of AdamW moments; this model's trainable parameters need {self.nbytes}: "
+                "it was written for another model, LoRA setting or dtype"
+            )
+        with open(src, "rb") as fh, open(self.path, "r+b") as out:
+            shutil.copyfileobj(fh, out, 1 << 24)
+
+    def close(self) -> None:
+        """Delete the scratch file (idempotent)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            self.path.unlink(missing_ok=True)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: os or the path may already be gone
+            pass
+
+
+def _flat(p: torch.Tensor) -> torch.Tensor:
+    if not p.is_contiguous():
+        raise RuntimeError("train.optim_offload needs contiguous parameters (a view with strides was given)")
+    return p.view(-1)
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    return memoryview(t.view(torch.uint8).numpy())
+
+
+def _read(fd: int, t: torch.Tensor, offset: int) -> None:
+    buf, done = _bytes(t), 0
+    while done < len(buf):
+        got = os.preadv(fd, [buf[done:]], offset + done)
+        if got <= 0:
+            raise OSError(f"short read of the AdamW moments file at byte {offset + done}")
+        done += got
+
+
+def _write(fd: int, t: torch.Tensor, offset: int) -> None:
+    buf, done = _bytes(t), 0
+    while done < len(buf):
+        done += os.pwrite(fd, buf[done:], offset + done)
+
+
+class ParkedWeights:
+    """A frozen module's parameters kept in a file between the passes that need them (``train.ref_offload``).
+
+    The reference model (beta > 0, full fine-tuning) is used once per generation batch, for the reference
+    log-probs, and idles through the update, where memory peaks with the gradients: parking it there saves its
+    weights' bytes (3.2 GiB of a 1.7B model in bf16) at the cost of reading them back once per generation batch
+    (page cache or disk; a host-to-device copy on an accelerator). Creating it writes every parameter to the
+    file and gives each an empty storage; ``with`` it, they are read into fresh storage for the block and freed
+    after. Tied parameters are one Parameter object, stored once.
+    """
+
+    def __init__(self, module: torch.nn.Module, path: str | os.PathLike):
+        from torch.distributed.tensor import DTensor
+
+        self.path = Path(path)
+        self.params = list(dict.fromkeys(module.parameters()))  # tied weights once
+        if any(isinstance(p, DTensor) for p in self.params):
+            raise ValueError(
+                "train.ref_offload cannot park FSDP-sharded reference weights (several FSDP processes already "
+                "shard the reference): drop train.ref_offload"
+            )
+        if any(p.requires_grad for p in self.params):
+            raise ValueError("ParkedWeights parks frozen modules only (a parameter requires grad)")
+        self.layout = [(p.shape, p.dtype, p.device) for p in self.params]
+        self.offsets, end = [], 0
+        for p in self.params:
+            self.offsets.append(end)
+            end += p.numel() * p.element_size()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        for p, off in zip(self.params, self.offsets):
+            _write(self._fd, p.detach().cpu().contiguous().reshape(-1), off)
+        self._release()
+
+    def _release(self) -> None:
+        for p, (_, dtype, device) in zip(self.params, self.layout):
+            p.data = torch.empty(0, dtype=dtype, device=device)
+
+    def __enter__(self) -> None:
+        for p, (shape, dtype, device), off in zip(self.params, self.layout, self.offsets):
+            host = torch.empty(shape, dtype=dtype)
+            _read(self._fd, host.reshape(-1), off)
+            p.data = host.to(device)
+
+    def __exit__(self, *exc) -> None:
+        self._release()
+
+    def close(self) -> None:
+        """Delete the file (idempotent); the parameters stay empty."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+            self.path.unlink(missing_ok=True)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+# ------------------------------------------------------------------------------------ the loop's handles
+
+
+def scratch_file(folder: str | None, run_dir: Path, name: str, rank: int) -> Path:
+    """Where a process keeps an offloaded file: ``folder`` (train.optim_offload_dir) or the run folder."""
+    return (Path(folder) if folder else Path(run_dir)) / f"{name}-rank{rank}.bin"
+
+
+def park(module: torch.nn.Module, path: Path) -> torch.nn.Module:
+    """Park ``module``'s weights in ``path`` (see ParkedWeights); ``loaded(module)`` brings them back."""
+    module._parked_weights = ParkedWeights(module, path)
+    return module
+
+
+def loaded(module: torch.nn.Module):
+    """A ``with`` block in which ``module``'s weights are in memory: a parked module's are read for it."""
+    return getattr(module, "_parked_weights", None) or contextlib.nullcontext()
+
+
+def close(optimizer: torch.optim.Optimizer, *modules: torch.nn.Module | None) -> None:
+    """Delete the scratch files of an offloaded optimizer and of parked modules (others have none)."""
+    for owner in (optimizer, *(getattr(m, "_parked_weights", None) for m in modules)):
+        if isinstance(owner, (DiskAdamW, ParkedWeights)):
+            owner.close()
