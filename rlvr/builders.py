@@ -157,8 +157,15 @@ def build_optimizer(
             )
         from rlvr.offload import DiskAdamW, scratch_file
 
-        path = scratch_file(t.optim_offload_dir, run_dir or Path(cfg.log.output_dir), "optimizer-moments", rank)
-        return DiskAdamW(params, path, **kwargs, fused=t.optim == "adamw_torch_fused")
+        if t.grad_offload and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            raise ValueError(
+                "train.grad_offload=true runs in one process: DDP averages gradients in memory. Drop it, or run "
+                "one process"
+            )
+        folder = run_dir or Path(cfg.log.output_dir)
+        path = scratch_file(t.optim_offload_dir, folder, "optimizer-moments", rank)
+        grads = scratch_file(t.optim_offload_dir, folder, "gradients", rank) if t.grad_offload else None
+        return DiskAdamW(params, path, **kwargs, fused=t.optim == "adamw_torch_fused", grads_path=grads)
     if t.optim == "adamw_torch_8bit":  # 8-bit moments: 2 bytes/parameter of Adam state instead of 4 (bf16) or 8
         try:
             from torchao.optim import AdamW8bit

@@ -337,6 +337,14 @@ class TrainConfig(_Section):
         "memory is free; an NVMe disk serves 1.7B's ~13 GiB in seconds). For full fine-tuning on a small machine; "
         "not with adamw_torch_8bit or several FSDP processes (fsdp_cpu_offload there). See docs/memory.md.",
     )
+    grad_offload: bool = Field(
+        False,
+        description="With optim_offload, keep the gradients in a file too: each gradient autograd accumulates is "
+        "added to its slot in the file (the same additions micro-batches make in memory) and freed, and clipping "
+        "and the optimizer step read them back; saves the trainable weights' bytes again (3.2 GiB at 1.7B bf16). "
+        "Costs a read and write of the gradients per micro-batch (page cache or disk); the same weights bitwise. "
+        "One process only (DDP averages gradients in memory). See docs/memory.md.",
+    )
     ref_offload: bool = Field(
         False,
         description="Keep the reference model's weights (algo.beta > 0 with full fine-tuning) in a file "
@@ -403,6 +411,11 @@ class TrainConfig(_Section):
             raise ValueError(
                 "train.ref_offload=true parks the reference model's weights in a file, but train.parallelism=fsdp "
                 "shards them: drop one (FSDP already keeps 1/world of the reference per process)"
+            )
+        if self.grad_offload and not self.optim_offload:
+            raise ValueError(
+                "train.grad_offload=true keeps the gradients in the offloaded optimizer's file: set "
+                "train.optim_offload=true too"
             )
         if self.optim_offload and self.optim == "adamw_torch_8bit":
             raise ValueError(

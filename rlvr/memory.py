@@ -292,6 +292,9 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
     else:
         acts = tokens * (L * per_layer + 8 * H)
     update = {"activations": acts, "log-prob head": head_buffers, "gradients": trainable * tb}
+    if t.grad_offload:  # rlvr.offload: gradients go to a file as autograd makes them, one parameter at a time
+        del update["gradients"]
+        update["largest gradient (grad_offload)"] = min(trainable, max(V, I) * H) * tb
     kept = mb * r.max_completion_length * V  # small enough: the head keeps its probabilities for backward
     if kept <= HEAD_KEEP_ELEMENTS:
         update["log-prob head: kept probabilities"] = kept * 4
@@ -315,7 +318,10 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
     ]
     if t.optim_offload:
         where = t.optim_offload_dir or cfg.log.output_dir
-        notes.append(f"train.optim_offload: AdamW's moments, {2 * trainable * tb / GIB:.2f} GiB, are a file in {where}")
+        files = f"AdamW's moments, {2 * trainable * tb / GIB:.2f} GiB" + (
+            f", and the gradients, {trainable * tb / GIB:.2f} GiB," if t.grad_offload else ""
+        )
+        notes.append(f"train.optim_offload: {files} are files in {where}")
     if device == "cpu" and t.release_freed_memory is not True:
         notes.append(
             f"train.release_freed_memory={str(t.release_freed_memory).lower()}: unless it is applied (auto: when "
@@ -395,6 +401,14 @@ _KNOBS = [
         "AdamW moments in a file",
         "the same update; each optimizer step reads and writes 4x the trainable weights' bytes (rlvr.offload)",
         lambda c: None if c.model.lora.enabled or c.train.optim_offload else {"train.optim_offload": True},
+    ),
+    (
+        "gradients in a file",
+        "the same update; every micro-batch reads and writes the gradients once (rlvr.offload; one process)",
+        lambda c: (
+            None if c.model.lora.enabled or c.train.grad_offload or int(os.environ.get("WORLD_SIZE", "1")) > 1
+            else {"train.grad_offload": True, "train.optim_offload": True}
+        ),
     ),
     (
         "reference weights in a file",

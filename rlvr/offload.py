@@ -33,7 +33,13 @@ CHUNK_ELEMENTS = 1 << 24
 
 
 class DiskAdamW(torch.optim.Optimizer):
-    """AdamW (decoupled weight decay, no amsgrad) with its moments in ``path``; ``state`` holds only ``step``."""
+    """AdamW (decoupled weight decay, no amsgrad) with its moments in ``path``; ``state`` holds only ``step``.
+
+    ``grads_path``: the gradients live in a file too (``train.grad_offload``). A hook on every parameter adds
+    each gradient autograd accumulates into the file and frees it, so micro-batches accumulate on disk with the
+    same bf16/float32 additions ``.grad += g`` would make; ``clip_grad_norm_`` and ``step`` read them back.
+    Between micro-batches only the parameter being accumulated has a gradient in memory.
+    """
 
     def __init__(
         self,
@@ -46,6 +52,7 @@ class DiskAdamW(torch.optim.Optimizer):
         weight_decay: float = 0.0,
         fused: bool = False,
         chunk_elements: int = CHUNK_ELEMENTS,
+        grads_path: str | os.PathLike | None = None,
     ):
         # PyTorch's vectorised kernels finish a tensor's last partial vector with scalar code; slices that start
         # on a multiple of 64 elements put every partial vector where the whole tensor has it (bitwise equal).
@@ -54,18 +61,72 @@ class DiskAdamW(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused))
         self.path, self.chunk = Path(path), int(chunk_elements)
         # Layout: per parameter, in param_groups order, its first moment then its second, in the parameter's
-        # dtype (torch.optim.AdamW's zeros_like(param)).
+        # dtype (torch.optim.AdamW's zeros_like(param)); the gradient file holds one gradient per parameter.
         self._offset: dict[torch.Tensor, int] = {}
-        end = 0
+        self._grad_offset: dict[torch.Tensor, int] = {}
+        end = grad_end = 0
         for group in self.param_groups:
             for p in group["params"]:
-                self._offset[p] = end
+                self._offset[p], self._grad_offset[p] = end, grad_end
                 end += 2 * p.numel() * p.element_size()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.ftruncate(self._fd, end)  # a sparse file: unwritten moments read as zeros
+                grad_end += p.numel() * p.element_size()
         self.nbytes = end
+        self._fd = _scratch(self.path, end)  # sparse: unwritten moments read as zeros
+        self.grads_path = Path(grads_path) if grads_path is not None else None
+        self._grad_fd = _scratch(self.grads_path, grad_end) if self.grads_path is not None else -1
+        self._has_grad: set[torch.Tensor] = set()  # parameters with a gradient in the file this step
+        self._grad_scale: torch.Tensor | None = None  # clip_grad_norm_'s factor, applied as step reads them
+        if self.grads_path is not None:
+            for p in self._offset:
+                p.register_post_accumulate_grad_hook(self._stash_grad)
         self._staging: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # ---------------------------------------------------------------------------------------- gradients
+
+    @torch.no_grad()
+    def _stash_grad(self, p: torch.Tensor) -> None:
+        """Add ``p.grad`` to ``p``'s gradient in the file (the first one of a step is written as is: what
+        ``.grad = g`` would hold), then free it."""
+        flat_g, size, base = p.grad.reshape(-1), p.element_size(), self._grad_offset[p]
+        for lo in range(0, p.numel(), self.chunk):
+            n = min(self.chunk, p.numel() - lo)
+            g = flat_g[lo : lo + n]
+            if p in self._has_grad:
+                acc, _ = self._stage(p.dtype, n)
+                _read(self._grad_fd, acc, base + lo * size)
+                g = acc.add_(g.to(acc.device))  # .grad += g, in the gradient's dtype
+            _write(self._grad_fd, g.cpu() if g.device.type != "cpu" else g.contiguous(), base + lo * size)
+        self._has_grad.add(p)
+        p.grad = None
+
+    def _file_grad(self, p: torch.Tensor) -> torch.Tensor:
+        g = torch.empty(p.numel(), dtype=p.dtype)
+        _read(self._grad_fd, g, self._grad_offset[p])
+        return g.to(p.device)
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` over the gradients in the file: each parameter's norm computed on
+        its whole gradient (read one parameter at a time) as PyTorch computes it, their total by PyTorch's own
+        ``get_total_norm``, and the clamped factor max_norm / (total + 1e-6) kept for ``step`` to apply."""
+        if self.grads_path is None:
+            raise RuntimeError("clip_grad_norm_ on the optimizer is for gradients in a file (grads_path)")
+        for p in self._offset:
+            if p.grad is not None:
+                self._stash_grad(p)
+        with_grads = [p for p in self._offset if p in self._has_grad]
+        if not with_grads:
+            return torch.tensor(0.0)
+        norms = [torch._foreach_norm([self._file_grad(p)], 2.0)[0] for p in with_grads]
+        total = torch.nn.utils.get_total_norm(norms, 2.0)
+        self._grad_scale = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
+        return total
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        if self.grads_path is not None:
+            self._has_grad.clear()  # the next accumulation writes instead of adding: no need to clear the file
+            self._grad_scale = None
 
     # ---------------------------------------------------------------------------------------- the step
 
@@ -78,17 +139,25 @@ class DiskAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
-                if p.grad is None:
+                if self.grads_path is not None and p.grad is not None:  # set outside backward: file it too
+                    self._stash_grad(p)
+                in_file = self.grads_path is not None and p in self._has_grad
+                if p.grad is None and not in_file:
                     continue
-                if p.grad.is_sparse:
+                if p.grad is not None and p.grad.is_sparse:
                     raise RuntimeError("train.optim_offload does not take sparse gradients")
                 state = self.state[p]
                 if "step" not in state:
                     state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                flat_p, flat_g = _flat(p), p.grad.reshape(-1)
-                size = p.element_size()
+                flat_p, size = _flat(p), p.element_size()
                 for lo in range(0, p.numel(), self.chunk):
                     n = min(self.chunk, p.numel() - lo)
+                    if not in_file:
+                        g = p.grad.reshape(-1)[lo : lo + n]
+                    else:
+                        g = self._file_grad_slice(p, lo, n)
+                        if self._grad_scale is not None:  # clip_grad_norm_'s g.mul_(factor), elementwise
+                            g = g.mul_(self._grad_scale.to(g.device))
                     m, v = self._stage(p.dtype, n)
                     base = self._offset[p]
                     _read(self._fd, m, base + lo * size)
@@ -97,7 +166,7 @@ class DiskAdamW(torch.optim.Optimizer):
                     # Each slice counts the step from the same value: AdamW's kernels increment what they get.
                     step_t = state["step"].clone().to(p.device if group["fused"] else "cpu")
                     adamw(
-                        [flat_p[lo : lo + n]], [flat_g[lo : lo + n]], [m_dev], [v_dev], [], [step_t],
+                        [flat_p[lo : lo + n]], [g], [m_dev], [v_dev], [], [step_t],
                         foreach=False, fused=group["fused"], amsgrad=False, beta1=beta1, beta2=beta2,
                         lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"], maximize=False,
                     )  # fmt: skip
@@ -108,6 +177,11 @@ class DiskAdamW(torch.optim.Optimizer):
                     _write(self._fd, v, base + (p.numel() + lo) * size)
                 state["step"] += 1
         return loss
+
+    def _file_grad_slice(self, p: torch.Tensor, lo: int, n: int) -> torch.Tensor:
+        g = torch.empty(n, dtype=p.dtype)
+        _read(self._grad_fd, g, self._grad_offset[p] + lo * p.element_size())
+        return g.to(p.device)
 
     def _stage(self, dtype: torch.dtype, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         if dtype not in self._staging:
@@ -144,17 +218,26 @@ class DiskAdamW(torch.optim.Optimizer):
             shutil.copyfileobj(fh, out, 1 << 24)
 
     def close(self) -> None:
-        """Delete the scratch file (idempotent)."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-            self.path.unlink(missing_ok=True)
+        """Delete the scratch files (idempotent)."""
+        for attr, path in (("_fd", self.path), ("_grad_fd", self.grads_path)):
+            if getattr(self, attr, -1) >= 0:
+                os.close(getattr(self, attr))
+                setattr(self, attr, -1)
+                path.unlink(missing_ok=True)
 
     def __del__(self):
         try:
             self.close()
         except Exception:  # interpreter shutdown: os or the path may already be gone
             pass
+
+
+def _scratch(path: Path, size: int) -> int:
+    """A new file of ``size`` bytes, all zero and none of them written yet (sparse); its descriptor."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.ftruncate(fd, size)
+    return fd
 
 
 def _flat(p: torch.Tensor) -> torch.Tensor:
@@ -210,8 +293,7 @@ class ParkedWeights:
         for p in self.params:
             self.offsets.append(end)
             end += p.numel() * p.element_size()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        self._fd = _scratch(self.path, end)
         for p, off in zip(self.params, self.offsets):
             _write(self._fd, p.detach().cpu().contiguous().reshape(-1), off)
         self._release()
@@ -260,6 +342,14 @@ def park(module: torch.nn.Module, path: Path) -> torch.nn.Module:
 def loaded(module: torch.nn.Module):
     """A ``with`` block in which ``module``'s weights are in memory: a parked module's are read for it."""
     return getattr(module, "_parked_weights", None) or contextlib.nullcontext()
+
+
+def clip_grad_norm_(optimizer: torch.optim.Optimizer, model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` over ``model``'s gradients, or the offloaded optimizer's own when the
+    gradients are in its file."""
+    if isinstance(optimizer, DiskAdamW) and optimizer.grads_path is not None:
+        return optimizer.clip_grad_norm_(max_norm)
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
 
 def close(optimizer: torch.optim.Optimizer, *modules: torch.nn.Module | None) -> None:

@@ -226,7 +226,7 @@ def update(run: Run, packed: PackedBatch, adv_N: torch.Tensor, logps: LogProbs) 
                 for k, v in zip(metrics, values):
                     # The loss is already scaled for accumulation (its GA parts add up); others are averaged.
                     sums[k] = sums.get(k, 0.0) + v * (1.0 if k == "loss" else 1.0 / accumulation)
-            sums["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(run.model.parameters(), train_cfg.max_grad_norm))
+            sums["grad_norm"] = float(offload.clip_grad_norm_(run.optimizer, run.model, train_cfg.max_grad_norm))
             sums["learning_rate"] = float(run.scheduler.get_last_lr()[0])  # torchao's optimizers keep a tensor
             run.optimizer.step()
             run.scheduler.step()

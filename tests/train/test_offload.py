@@ -3,16 +3,17 @@ reference passes): the same numbers as the in-memory versions, bitwise, and the 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from smoke_config import smoke_overrides
 
 from rlvr.config import ConfigError, load_config
 from rlvr.offload import DiskAdamW, ParkedWeights, loaded, park
 from rlvr.train import train
-from smoke_config import smoke_overrides
 
 SETTINGS = dict(lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1)
 
@@ -49,6 +50,34 @@ def test_disk_adamw_is_bitwise_torch_adamw(tmp_path, dtype, fused):
         assert set(opt.state[p]) == {"step"}  # nothing but the step counter stays in memory
     opt.close()
     assert not (tmp_path / "m.bin").exists()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fused", [True, False])
+def test_gradients_in_a_file_accumulate_clip_and_step_bitwise_as_in_memory(tmp_path, dtype, fused):
+    ref_net, net = _net(dtype), _net(dtype)
+    ref_opt = torch.optim.AdamW(ref_net.parameters(), **SETTINGS, fused=fused)
+    opt = DiskAdamW(
+        net.parameters(), tmp_path / "m.bin", **SETTINGS, fused=fused, chunk_elements=64, grads_path=tmp_path / "g.bin"
+    )
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(4):  # optimizer steps of 3 accumulated micro-batches, clipped (the norms are ~0.08)
+        xs = [torch.randn(16, 32, generator=gen).to(dtype) for _ in range(3)]
+        for x in xs:
+            (ref_net(x).float().pow(2).mean() / 3).backward()
+        ref_norm = torch.nn.utils.clip_grad_norm_(ref_net.parameters(), 0.05)
+        ref_opt.step()
+        ref_opt.zero_grad()
+        for x in xs:
+            (net(x).float().pow(2).mean() / 3).backward()
+            assert all(p.grad is None for p in net.parameters())  # filed as autograd accumulated it
+        norm = opt.clip_grad_norm_(0.05)
+        opt.step()
+        opt.zero_grad()
+        assert float(ref_norm) > 0.05 and torch.equal(norm, ref_norm)
+    assert all(torch.equal(a, b) for a, b in zip(ref_net.parameters(), net.parameters()))
+    opt.close()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_disk_adamw_differs_when_it_should(tmp_path):
@@ -110,21 +139,41 @@ def test_parking_a_trainable_module_is_refused(tmp_path):
 def test_offload_settings_that_cannot_combine_are_refused():
     with pytest.raises(ConfigError, match="choose one"):
         load_config(None, ["train.optim_offload=true", "train.optim=adamw_torch_8bit"])
+    with pytest.raises(ConfigError, match="set train.optim_offload=true too"):
+        load_config(None, ["train.grad_offload=true"])
     with pytest.raises(ConfigError, match="shards them"):
         load_config(None, ["train.ref_offload=true", "train.parallelism=fsdp"])
 
 
 def _run(model_dir: Path, data: Path, out: Path, *extra: str) -> dict[str, torch.Tensor]:
-    train(load_config(None, smoke_overrides(model_dir, data, out, "algo.beta=0.04", "train.lr_scheduler_type=constant",
-                                            "train.weight_decay=0.1", *extra)))
+    common = ("algo.beta=0.04", "train.lr_scheduler_type=constant", "train.weight_decay=0.1")
+    train(load_config(None, smoke_overrides(model_dir, data, out, *common, *extra)))
     return load_file(str(out / "final" / "model.safetensors"))
 
 
-def test_a_run_with_both_offloads_ends_on_the_same_weights(tiny_model_dir, sum_dataset, tmp_path):
-    plain = _run(tiny_model_dir, sum_dataset, tmp_path / "plain")
+def test_a_run_with_every_offload_ends_on_the_same_weights(tiny_model_dir, sum_dataset, tmp_path):
+    accumulate = (
+        "train.per_device_train_batch_size=8",
+        "train.gradient_accumulation_steps=2",
+        "train.max_grad_norm=0.05",
+    )
+    plain = _run(tiny_model_dir, sum_dataset, tmp_path / "plain", *accumulate)
     scratch = tmp_path / "scratch"
-    offloaded = _run(tiny_model_dir, sum_dataset, tmp_path / "off", "train.optim_offload=true",
-                     "train.ref_offload=true", f"train.optim_offload_dir={scratch}")
+    offloaded = _run(
+        tiny_model_dir,
+        sum_dataset,
+        tmp_path / "off",
+        *accumulate,
+        "train.optim_offload=true",
+        "train.grad_offload=true",
+        "train.ref_offload=true",
+        f"train.optim_offload_dir={scratch}",
+    )
+    norms = {
+        run: [json.loads(ln)["grad_norm"] for ln in (tmp_path / run / "metrics.jsonl").open()]
+        for run in ("plain", "off")
+    }
+    assert norms["off"] == norms["plain"] and min(norms["off"]) > 0.05  # clipping was active, and measured the same
     assert plain.keys() == offloaded.keys()
     start = load_file(str(tiny_model_dir / "model.safetensors"))
     assert any(not torch.equal(plain[k], start[k]) for k in plain if k in start)  # training moved the weights
@@ -134,7 +183,7 @@ def test_a_run_with_both_offloads_ends_on_the_same_weights(tiny_model_dir, sum_d
 
 
 def test_an_offloaded_run_resumes_to_the_same_weights(tiny_model_dir, sum_dataset, tmp_path):
-    off = ("train.optim_offload=true", "log.save_steps=1")
+    off = ("train.optim_offload=true", "train.grad_offload=true", "log.save_steps=1")
     straight = _run(tiny_model_dir, sum_dataset, tmp_path / "straight", *off, "train.max_steps=4")
     _run(tiny_model_dir, sum_dataset, tmp_path / "resumed", *off, "train.max_steps=2")
     resumed = _run(tiny_model_dir, sum_dataset, tmp_path / "resumed", *off, "train.max_steps=4", "resume=true")
