@@ -299,7 +299,10 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
     if kept <= HEAD_KEEP_ELEMENTS:
         update["log-prob head: kept probabilities"] = kept * 4
     if not lora.enabled:
-        update["head weight gradient (float32)"] = V * H * 4
+        if b == 2 and H > chunk_rows:  # rlvr.core.lm_head: by vocabulary block, no float32 [V, H] buffer
+            update["head weight gradient (16-bit)"] = V * H * b
+        else:
+            update["head weight gradient (float32)"] = V * H * 4
 
     phases = {"rollout": rollout, "update": update}
     from rlvr.rollout import engine_class

@@ -5,9 +5,16 @@ positions over a 151,936-token vocabulary is 2.5 GB in bfloat16, and the plain p
 backward, adds a gradient of the same size and a float32 work chunk on top. Here the head's matmul is
 done ``chunk_rows`` tokens at a time: forward keeps only [N, T] outputs and what it was given (hidden
 states, weight); backward recomputes each chunk's logits and softmax, so neither pass holds [N, T, V].
-Peak extra memory is about two [chunk_rows, V] float32 buffers (plus, when the head weight itself
-trains, a float32 [V, H] gradient accumulator). Cost: the head's matmul runs twice (forward and
-backward recompute), about 1/3 more head FLOPs; the head is ~10% of a 1.7B model's FLOPs per token.
+Peak extra memory is about two [chunk_rows, V] float32 buffers (plus, when a float32 head weight itself
+trains, its [V, H] gradient). Cost: the head's matmul runs twice (forward and backward recompute), about
+1/3 more head FLOPs; the head is ~10% of a 1.7B model's FLOPs per token.
+
+A 16-bit head weight that trains would need a float32 [V, H] accumulator for its gradient over token chunks:
+twice the weight's own bytes (1.16 GiB for a 152k x 2048 head, beside the 16-bit result). Where that buffer
+would outgrow one chunk's logits (H > chunk_rows), the weight gradient is made per block of the vocabulary
+instead, over every token at once: one matmul per block, float32 inside and rounded once, as the plain
+path's single bf16 matmul is (the token-chunk sum rounds each chunk's product to 16 bits before adding). It
+costs computing the logits once more, block by block: a fourth head matmul in backward.
 
 Where the probabilities of a whole call are small (``keep_probs``: a small vocabulary or few tokens, the
 caller's choice against ``HEAD_KEEP_ELEMENTS``), forward keeps them for backward instead: backward then skips the
@@ -84,7 +91,9 @@ class _HeadLogProb(torch.autograd.Function):
         # The weight gradient is a sum over every token: accumulate it in float32 (a plain bf16 matmul
         # also accumulates in float32 internally), round once at the end.
         acc = torch.float64 if weight_VH.dtype == torch.float64 else torch.float32
-        grad_w = torch.zeros(weight_VH.shape, dtype=acc, device=weight_VH.device) if need_w else None
+        # Kept probabilities or not, a 16-bit weight's gradient goes by vocabulary block (the module docstring).
+        by_vocab = need_w and weight_VH.element_size() == 2 and weight_VH.shape[1] > ctx.chunk_rows
+        grad_w = torch.zeros(weight_VH.shape, dtype=acc, device=weight_VH.device) if need_w and not by_vocab else None
         grad_b = torch.zeros(bias_V.shape, dtype=acc, device=bias_V.device) if need_b else None
         for i, c in enumerate(_chunks(hidden_RH.shape[0], ctx.chunk_rows)):
             h = hidden_RH[c]
@@ -98,10 +107,15 @@ class _HeadLogProb(torch.autograd.Function):
             del probs
             if need_h:
                 grad_h[c] = g_logits @ weight_VH
-            if need_w:
+            if grad_w is not None:
                 grad_w += (g_logits.t() @ h).to(acc)
             if need_b:
                 grad_b += g_logits.sum(0).to(acc)
+        if by_vocab:
+            grad_w = _weight_grad_by_vocab(
+                hidden_RH, weight_VH, bias_V, ids_R, lse_R, grad_logp_R, ctx.temperature,
+                ctx.chunk_rows * weight_VH.shape[0], compute,
+            )  # fmt: skip
         return (
             grad_h,
             None if grad_w is None else grad_w.to(weight_VH.dtype),
@@ -112,6 +126,24 @@ class _HeadLogProb(torch.autograd.Function):
             None,
             None,
         )
+
+
+def _weight_grad_by_vocab(hidden_RH, weight_VH, bias_V, ids_R, lse_R, grad_logp_R, temperature, elements, compute):
+    """d W of the head, one block of vocabulary rows at a time over every token (see the module docstring):
+    the same logits gradient, element by element, as the token-chunk loop, without a float32 [V, H] buffer."""
+    R, V = hidden_RH.shape[0], weight_VH.shape[0]
+    cols = max(1, elements // max(R, 1))
+    grad_w = torch.empty_like(weight_VH)
+    scale_R1 = -grad_logp_R.to(compute).unsqueeze(-1) / temperature
+    for v0 in range(0, V, cols):
+        v1 = min(V, v0 + cols)
+        probs = _scaled_logits(hidden_RH, weight_VH[v0:v1], None if bias_V is None else bias_V[v0:v1], temperature,
+                               compute)  # fmt: skip
+        probs.sub_(lse_R.unsqueeze(-1)).exp_()
+        hit = ((ids_R >= v0) & (ids_R < v1)).nonzero().squeeze(1)
+        probs[hit, ids_R[hit] - v0] -= 1.0  # p - onehot, in this block's columns
+        grad_w[v0:v1] = probs.mul_(scale_R1).to(hidden_RH.dtype).t() @ hidden_RH
+    return grad_w
 
 
 def _scaled_logits(h_RH, weight_VH, bias_V, temperature, compute):
@@ -152,9 +184,7 @@ def head_logprobs(
         raise ValueError(f"LM-head weight {tuple(weight_VH.shape)} does not take hidden size {hidden_NTH.shape[-1]}.")
     H, V = hidden_NTH.shape[-1], weight_VH.shape[0]
     chunk_rows = max(1, chunk_elements // max(V, 1))
-    grads = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (hidden_NTH, weight_VH, bias_V)
-    )
+    grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden_NTH, weight_VH, bias_V))
     logp_R, ent_R = _HeadLogProb.apply(
         hidden_NTH.reshape(-1, H), weight_VH, bias_V, ids_NT.reshape(-1), float(temperature), chunk_rows,
         with_entropy, keep_probs and grads,

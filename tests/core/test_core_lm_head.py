@@ -121,6 +121,54 @@ def test_bfloat16_close_to_the_plain_bfloat16_path():
     assert (ours - ref).abs().max() <= 2 * logit_ulp
 
 
+def test_the_weight_gradient_by_vocabulary_block_is_exact_in_float64():
+    from rlvr.core.lm_head import _weight_grad_by_vocab
+
+    h, w, b, ids = _inputs(bias=True)  # 15 rows, V = 13: blocks of 45 // 15 = 3 vocabulary rows, the last ragged
+    leaf_w = w.clone().requires_grad_()
+    scale_NT = torch.randn(ids.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    (token_logprobs(F.linear(h, leaf_w, b), ids, 0.7) * scale_NT).sum().backward()
+    lse_R = torch.logsumexp(F.linear(h, w, b).reshape(-1, 13) / 0.7, dim=-1)
+    ours = _weight_grad_by_vocab(h.reshape(-1, 7), w, b, ids.reshape(-1), lse_R, scale_NT.reshape(-1), 0.7, 45,
+                                 torch.float64)  # fmt: skip
+    assert torch.allclose(ours, leaf_w.grad, rtol=0, atol=1e-12)
+    assert leaf_w.grad.abs().max() > 0.1
+
+
+def test_a_16_bit_head_weight_gradient_goes_by_vocabulary_block_as_close_as_the_plain_path(monkeypatch):
+    """bf16 weight with H > rows per chunk: d W is made per block of the vocabulary over every token (no float32
+    [V, H] accumulator), and is as close to the float64 gradient of the same bf16 inputs as the plain path's."""
+    from rlvr.core import lm_head
+
+    blocks = []
+    real = lm_head._weight_grad_by_vocab
+    monkeypatch.setattr(lm_head, "_weight_grad_by_vocab", lambda *a: blocks.append(a[-2]) or real(*a))
+    h, w, _, ids = _inputs(N=4, T=8, H=64, V=300, dtype=torch.bfloat16)  # 32 rows; 5 per chunk below
+    scale_NT = torch.linspace(-1, 2, ids.numel(), dtype=torch.float64).view(ids.shape)
+
+    def weight_grad(dtype, chunk_elements=None):
+        leaf_h, leaf_w = h.to(dtype).clone().requires_grad_(), w.to(dtype).clone().requires_grad_()
+        if chunk_elements:
+            logp = head_logprobs(leaf_h, leaf_w, ids, 0.7, chunk_elements=chunk_elements)[0]
+        else:
+            logp = token_logprobs(F.linear(leaf_h, leaf_w), ids, 0.7)
+        (logp * scale_NT.to(logp.dtype)).sum().backward()
+        return leaf_w.grad.double()
+
+    exact = weight_grad(torch.float64)
+    by_vocab = weight_grad(torch.bfloat16, chunk_elements=300 * 5)  # blocks of 1500 // 32 = 46 rows: 7, ragged
+    assert blocks == [1500]
+    by_tokens = weight_grad(torch.bfloat16, chunk_elements=300 * 64)  # H <= rows per chunk: the float32 buffer
+    assert blocks == [1500]
+    plain = weight_grad(torch.bfloat16)
+    for reduce in (torch.amax, torch.mean):  # the worst element and the typical one
+        err = {
+            k: reduce((g - exact).abs()).item()
+            for k, g in (("vocab", by_vocab), ("tokens", by_tokens), ("plain", plain))
+        }
+        assert 0 < err["vocab"] <= 1.5 * min(err["plain"], err["tokens"]), err
+
+
 def test_bad_shapes_and_temperature_are_named():
     h, w, _, ids = _inputs()
     with pytest.raises(ValueError, match="temperature"):
