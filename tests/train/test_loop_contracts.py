@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+import rlvr.builders as builders
 import rlvr.train as train_mod
 from rlvr.config import load_config
 from rlvr.rewards.scoring import RewardFunctionError
@@ -28,6 +29,7 @@ def spies(monkeypatch):
         return real_lp(run, model, mb, with_entropy)
 
     monkeypatch.setattr(train_mod, "load_model", load_model)
+    monkeypatch.setattr(builders, "load_model", load_model)  # the reference: builders.load_reference
     monkeypatch.setattr(train_mod, "completion_logprobs", completion_logprobs)
     return calls
 
