@@ -52,7 +52,7 @@ def test_an_optimizer_that_keeps_its_learning_rate_as_a_tensor_logs_a_number(
 
     from rlvr import train as train_module
 
-    def tensor_lr(cfg, model):
+    def tensor_lr(cfg, model, *_placement):
         params = [p for p in model.parameters() if p.requires_grad]
         return torch.optim.AdamW(params, lr=torch.tensor(cfg.train.learning_rate), foreach=False)
 
