@@ -29,7 +29,7 @@ from rlvr.diagnostics.sinks import PhaseTimer
 from rlvr.config import Config
 from rlvr.core.lm_head import HEAD_CHUNK_ELEMENTS, HEAD_KEEP_ELEMENTS
 from rlvr.errors import UserError
-from rlvr.offload import CHUNK_ELEMENTS
+from rlvr.offload import CHUNK_ELEMENTS, DiskAdamW
 
 GIB = 1024**3
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -131,10 +131,16 @@ def training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
     are in ``memory/peak_*``."""
     params = list(model.parameters())  # tied weights once
     state = [v for per_param in optimizer.state.values() for v in per_param.values() if isinstance(v, torch.Tensor)]
+    grads = sum(_tensor_bytes(p) for p in params if p.requires_grad)
+    files = 0  # train.optim_offload / grad_offload: moments and gradients kept in files, not held
+    if isinstance(optimizer, DiskAdamW):
+        files = optimizer.nbytes + (grads if optimizer.grads_path is not None else 0)
+        grads = 0 if optimizer.grads_path is not None else grads
     return {
         "memory/state_params": sum(_tensor_bytes(p) for p in params) / GIB,
-        "memory/state_grads": sum(_tensor_bytes(p) for p in params if p.requires_grad) / GIB,
+        "memory/state_grads": grads / GIB,
         "memory/state_optimizer": sum(_tensor_bytes(v) for v in state) / GIB,
+        "memory/state_in_files": files / GIB,
     }
 
 

@@ -302,6 +302,24 @@ def test_training_state_counts_parameters_gradients_and_optimizer_state_by_hand(
     assert got["memory/state_params"] == (12 + 3) * 4 + (6 + 2) * 2
     assert got["memory/state_grads"] == (12 + 3) * 4
     assert got["memory/state_optimizer"] == 2 * (12 + 3) * 4 + 2 * 4
+    assert got["memory/state_in_files"] == 0
     tied = torch.nn.Linear(3, 3, bias=False)
     twice = torch.nn.ModuleList([tied, tied])  # the same weight reached twice is held once
     assert training_state(twice, torch.optim.AdamW(twice.parameters()))["memory/state_params"] * GIB == 9 * 4
+
+
+def test_training_state_moves_what_the_offloads_keep_in_files(tmp_path):
+    from rlvr.memory import GIB, training_state
+    from rlvr.offload import DiskAdamW
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2).to(torch.bfloat16).requires_grad_(False))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    for grads_path, held, filed in ((None, (12 + 3) * 4, 2 * (12 + 3) * 4), (tmp_path / "g", 0, 3 * (12 + 3) * 4)):
+        opt = DiskAdamW(trainable, tmp_path / "m", grads_path=grads_path)
+        model[1](model[0](torch.ones(2, 4)).to(torch.bfloat16)).float().sum().backward()
+        opt.step()
+        got = {k: v * GIB for k, v in training_state(model, opt).items()}
+        assert got["memory/state_grads"] == held and got["memory/state_in_files"] == filed
+        assert got["memory/state_optimizer"] == 2 * 4  # the step counters only
+        opt.zero_grad()
+        opt.close()
