@@ -1,4 +1,5 @@
-"""AdamW whose moments live in a file, not in memory (``train.optim_offload=true``).
+"""Training state kept in files instead of memory: AdamW's moments (``train.optim_offload``), the gradients
+(``train.grad_offload``) and a frozen reference model's weights between its passes (``train.ref_offload``).
 
 Full fine-tuning holds the weights, their gradients and AdamW's two moments: with bf16 weights that is 2 + 2 + 4
 bytes per parameter, and the moments are half of it (6.4 GiB of a 1.7B model's 12.8). They are touched once
@@ -13,8 +14,13 @@ Cost: each step reads and writes the moments once (2 x 2 x 4 bytes per parameter
 for float32): ~13 GiB of I/O for a 1.7B model, which the page cache absorbs when memory is free and an
 NVMe disk serves in seconds when it is not; a 1.7B step on a CPU takes minutes. Memory saved: the moments,
 less two chunks of staging (``2 x CHUNK_ELEMENTS`` elements). The file is scratch: created sparse (reads as
-zeros, as fresh moments are), removed when the run closes; checkpoints copy it (``save_moments``).
-Parameters on an accelerator are staged through host memory, one chunk at a time.
+zeros, as fresh moments are), removed when the run closes (a run that crashes leaves it; the next run in that
+folder truncates it); checkpoints copy it (``save_moments``). Parameters on an accelerator are staged through
+host memory, one chunk at a time.
+
+The gradients and the reference weights follow the same pattern (``DiskAdamW``'s ``grads_path``,
+``ParkedWeights``); the files go through the kernel's page cache, which is not the process's memory and which
+the kernel writes back and reclaims under pressure.
 """
 
 from __future__ import annotations
@@ -139,13 +145,13 @@ class DiskAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
+                if p.grad is not None and p.grad.is_sparse:
+                    raise RuntimeError("train.optim_offload does not take sparse gradients")
                 if self.grads_path is not None and p.grad is not None:  # set outside backward: file it too
                     self._stash_grad(p)
                 in_file = self.grads_path is not None and p in self._has_grad
                 if p.grad is None and not in_file:
                     continue
-                if p.grad is not None and p.grad.is_sparse:
-                    raise RuntimeError("train.optim_offload does not take sparse gradients")
                 state = self.state[p]
                 if "step" not in state:
                     state["step"] = torch.tensor(0.0, dtype=torch.float32)
@@ -255,7 +261,7 @@ def _read(fd: int, t: torch.Tensor, offset: int) -> None:
     while done < len(buf):
         got = os.preadv(fd, [buf[done:]], offset + done)
         if got <= 0:
-            raise OSError(f"short read of the AdamW moments file at byte {offset + done}")
+            raise OSError(f"short read of an offload file at byte {offset + done} (was it truncated or removed?)")
         done += got
 
 

@@ -390,7 +390,7 @@ def _train(cfg: Config, console: Console) -> dict:
     after = run_eval(run, "after") if cfg.log.eval_before_after else {}
     run.engine.close()  # first: under FSDP it frees the rollout copy before the final save gathers the weights
     save_final(run.run_dir / "final", run.model, run.tokenizer, run.dist)  # every rank: FSDP gathers the weights
-    offload.close(run.optimizer, run.ref_model)  # the scratch files of train.optim_offload and ref_offload
+    offload.close(run.optimizer, run.ref_model)  # the files of train.optim_offload, grad_offload, ref_offload
     if run.dist.is_main:
         run.diagnostics.close()
         run.logger.close()
