@@ -1,5 +1,6 @@
-"""train.optim_offload (AdamW's moments in a file) and train.ref_offload (the reference weights in a file between
-reference passes): the same numbers as the in-memory versions, bitwise, and the files cleaned up."""
+"""train.optim_offload (AdamW's moments in a file), train.grad_offload (the gradients too) and train.ref_offload (the
+reference weights in a file between reference passes): the same numbers as in memory, bitwise, and the files
+cleaned up."""
 
 from __future__ import annotations
 
@@ -178,7 +179,7 @@ def test_a_run_with_every_offload_ends_on_the_same_weights(tiny_model_dir, sum_d
     start = load_file(str(tiny_model_dir / "model.safetensors"))
     assert any(not torch.equal(plain[k], start[k]) for k in plain if k in start)  # training moved the weights
     assert all(torch.equal(plain[k], offloaded[k]) for k in plain)
-    assert list(scratch.iterdir()) == []  # both scratch files removed at the end
+    assert list(scratch.iterdir()) == []  # the moments, gradients and reference files removed at the end
     assert (tmp_path / "off" / "checkpoints" / "step-000003" / "optimizer-moments.bin").exists()
 
 
