@@ -105,9 +105,10 @@ class DiskAdamW(torch.optim.Optimizer):
         self._has_grad.add(p)
         p.grad = None
 
-    def _file_grad(self, p: torch.Tensor) -> torch.Tensor:
-        g = torch.empty(p.numel(), dtype=p.dtype)
-        _read(self._grad_fd, g, self._grad_offset[p])
+    def _file_grad(self, p: torch.Tensor, lo: int = 0, n: int | None = None) -> torch.Tensor:
+        """``p``'s filed gradient (flat), or its ``n`` elements from ``lo``, on ``p``'s device."""
+        g = torch.empty(p.numel() - lo if n is None else n, dtype=p.dtype)
+        _read(self._grad_fd, g, self._grad_offset[p] + lo * p.element_size())
         return g.to(p.device)
 
     @torch.no_grad()
@@ -161,7 +162,7 @@ class DiskAdamW(torch.optim.Optimizer):
                     if not in_file:
                         g = p.grad.reshape(-1)[lo : lo + n]
                     else:
-                        g = self._file_grad_slice(p, lo, n)
+                        g = self._file_grad(p, lo, n)
                         if self._grad_scale is not None:  # clip_grad_norm_'s g.mul_(factor), elementwise
                             g = g.mul_(self._grad_scale.to(g.device))
                     m, v = self._stage(p.dtype, n)
@@ -183,11 +184,6 @@ class DiskAdamW(torch.optim.Optimizer):
                     _write(self._fd, v, base + (p.numel() + lo) * size)
                 state["step"] += 1
         return loss
-
-    def _file_grad_slice(self, p: torch.Tensor, lo: int, n: int) -> torch.Tensor:
-        g = torch.empty(n, dtype=p.dtype)
-        _read(self._grad_fd, g, self._grad_offset[p] + lo * p.element_size())
-        return g.to(p.device)
 
     def _stage(self, dtype: torch.dtype, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         if dtype not in self._staging:
