@@ -38,7 +38,7 @@ import torch
 
 
 SOURCE = Path(__file__).with_name("kernels") / "decode_cpu.c"
-ABI = 6  # RLVR_DECODE_ABI in the C source; bump both when Ctx changes
+ABI = 7  # RLVR_DECODE_ABI in the C source; bump both when Ctx changes
 MAX_SLICES = 64  # MAX_SLICES in the C source: slices (threads) per job
 CFLAGS = [
     "-pthread",
@@ -60,7 +60,7 @@ class Ctx(ctypes.Structure):
             (name, ctypes.c_int32)
             for name in (
                 *("L", "E", "H", "Hkv", "D", "I", "V", "B", "n", "P", "C"),
-                *("greedy", "n_eos", "abi"),
+                *("greedy", "n_eos", "abi", "wbf16"),
             )
         ]
         + [(name, ctypes.c_float) for name in ("eps", "scale", "inv_temp")]
@@ -177,7 +177,20 @@ def load() -> tuple[ctypes.CDLL | None, str]:
     lib.rlvr_run.argtypes += [ctypes.c_void_p] + [ctypes.c_int] * 2
     lib.rlvr_run.restype = ctypes.c_int
     lib.rlvr_wake.argtypes = [ctypes.c_int]
+    # rlvr_bf16_linear(m, n_out, k, x, x16, w16, y, ldy, beta): the tests' handle on the bfloat16 product
+    lib.rlvr_bf16_linear.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 4
+    lib.rlvr_bf16_linear.argtypes += [ctypes.c_int, ctypes.c_float]
+    lib.rlvr_bf16_linear.restype = None
     return lib, ""
+
+
+def bf16_fast() -> bool:
+    """Whether this build multiplies bfloat16 weights with AVX512-BF16's ``vdpbf16ps``: then sampling
+    from bfloat16 copies of the weights reads half the bytes and does twice the products per instruction
+    of float32. Without it the kernel's bfloat16 path is a portable loop (right, slow), and the engine
+    keeps the float32 weights."""
+    lib, _ = load()
+    return lib is not None and bool(lib.rlvr_bf16_dot())
 
 
 @functools.cache
@@ -284,7 +297,12 @@ class KernelDecode:
 
     ``pad_B``: left pads of each prompt in ``ids_BP``; rows ``b·n … b·n+n-1`` sample prompt b.
     The draws are ``uniforms[t, r]`` from ``generator``: one per row and step, so a seed gives the
-    same completions whatever the number of slices."""
+    same completions whatever the number of slices.
+
+    ``weight_dtype=torch.bfloat16``: the projections and the LM head are read from request-long bfloat16
+    copies (each product rounds its input rows to bfloat16 and accumulates in float32; norms, attention,
+    the residual stream and the sampler stay float32): the sampler of bf16 mixed precision. The copies
+    cost one cast of those weights per request (~2% of a SmolLM2 rollout)."""
 
     def __init__(
         self,
@@ -296,7 +314,10 @@ class KernelDecode:
         eos_ids,
         generator,
         keep_logits: bool = False,
+        weight_dtype: torch.dtype = torch.float32,
     ):
+        if weight_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"the C decode kernel reads float32 or bfloat16 weights, not {weight_dtype}")
         lib, _ = load()
         assert lib is not None, "KernelDecode needs load() to have succeeded"
         self.lib = lib
@@ -319,6 +340,9 @@ class KernelDecode:
             self.keep.append(t)
             return t.data_ptr()
 
+        def hold_matrix(t: torch.Tensor) -> int | None:  # a projection or the LM head
+            return hold(t.detach().to(weight_dtype))
+
         lw: list[int | None] = []
         for layer in base.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -330,13 +354,13 @@ class KernelDecode:
             )
             lw += [
                 hold(layer.input_layernorm.weight),
-                hold(attn.q_proj.weight), hold(attn.k_proj.weight), hold(attn.v_proj.weight),
+                hold_matrix(attn.q_proj.weight), hold_matrix(attn.k_proj.weight), hold_matrix(attn.v_proj.weight),
                 hold(attn.q_proj.bias), hold(attn.k_proj.bias), hold(attn.v_proj.bias),
                 hold(None if q_norm is None else q_norm.weight),
                 hold(None if k_norm is None else k_norm.weight),
-                hold(attn.o_proj.weight), hold(attn.o_proj.bias),
+                hold_matrix(attn.o_proj.weight), hold(attn.o_proj.bias),
                 hold(layer.post_attention_layernorm.weight),
-                hold(mlp.gate_proj.weight), hold(mlp.up_proj.weight), hold(mlp.down_proj.weight),
+                hold_matrix(mlp.gate_proj.weight), hold_matrix(mlp.up_proj.weight), hold_matrix(mlp.down_proj.weight),
                 hold(mlp.gate_proj.bias), hold(mlp.up_proj.bias), hold(mlp.down_proj.bias),
                 hold(k_pre), hold(v_pre), hold(k_suf), hold(v_suf),
             ]  # fmt: skip
@@ -354,10 +378,11 @@ class KernelDecode:
             L=len(base.layers), E=cfg.hidden_size, H=H, Hkv=Hkv, D=D,
             I=base.layers[0].mlp.gate_proj.out_features, V=cfg.vocab_size,
             B=B, n=n, P=P, C=C, greedy=int(greedy), n_eos=len(eos_ids), abi=ABI,
+            wbf16=int(weight_dtype == torch.bfloat16),
             eps=float(base.norm.variance_epsilon), scale=float(attn0.scaling),
             inv_temp=1.0 if greedy else 1.0 / sampling.temperature,
             embed=hold(base.embed_tokens.weight), final_norm=hold(base.norm.weight),
-            lm_head=hold(lm.lm_head.weight), rope=hold(rope_table(lm, P + C)),
+            lm_head=hold_matrix(lm.lm_head.weight), rope=hold(rope_table(lm, P + C)),
             lw=ctypes.cast(self.lw, ctypes.c_void_p), pad=hold(pad_B.to(torch.int32)),
             prompt_ids=hold(ids_BP.to(torch.long)), first_logits=_ptr(self.first_logits_BV),
             uniforms=hold(uniforms), eos=hold(torch.tensor(list(eos_ids), dtype=torch.long)),

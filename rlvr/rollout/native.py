@@ -20,7 +20,9 @@ Three decoders behind the loop:
   plain modules and requests without top-k / top-p / min-p / repetition penalty: prefill and whole
   decode loops in C, one slice of rows per core, the G rows of a group reading one copy of its
   prompt's KV. The default there (``cpu_kernel=None``); built on first use (about a second). Tested
-  for logits equality with the Hugging Face forward at every step.
+  for logits equality with the Hugging Face forward at every step. With ``compute_dtype="bfloat16"``
+  on a CPU with AVX512-BF16 it reads bfloat16 copies of the projections and the LM head (bf16 inputs,
+  float32 sums); tested against the float32 forward of the same rounding.
 
 - ``LlamaFamilyDecoder`` — Llama, Qwen2, Qwen3 (and their PEFT-wrapped forms): runs the model's own
   live parameters (``F.linear`` on plain layers, the module itself for LoRA or other wrapped
@@ -69,6 +71,12 @@ def _unwrap(model):
     """The transformers CausalLM inside a PEFT wrapper (LoRA layers stay in place inside it)."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
+
+
+def kernel_unsupported(model) -> str | None:
+    """Why the C decode kernel cannot run this policy whatever the request, or None."""
+    ok, why = fast_path_supported(model)
+    return cpu_kernel.unsupported(_unwrap(model)) if ok else why
 
 
 def fast_path_supported(model) -> tuple[bool, str]:
@@ -482,9 +490,10 @@ class NativeEngine:
       eos_token_ids: override the model's EOS ids.
       compute_dtype: None (the weights' dtype) or "bfloat16": the fast PyTorch decoder runs activations,
         KV cache and matmuls in bf16 over copies of the float32 weights made once per request (the
-        trainer's ``train.mixed_precision=bf16`` sets it); logits return to float32 for sampling. Models
-        without the fast path, and the C kernel (float32 only), are not affected by it: the request then
-        runs in float32 and ``describe`` says so.
+        trainer's ``train.mixed_precision=bf16`` sets it); logits return to float32 for sampling. The C
+        kernel then multiplies bfloat16 copies of the projections and the LM head, where the CPU has
+        AVX512-BF16 (``cpu_kernel.bf16_fast``; elsewhere the request goes to the bf16 PyTorch decoder).
+        Models without the fast path are not affected by it: they run in float32 and ``describe`` says so.
     """
 
     samples_live_policy = True
@@ -669,8 +678,8 @@ class NativeEngine:
             why = "the model has no fast path (generic Hugging Face cache decoder)"
         elif sampler.filtered or sampler.use_penalty:
             why = "top-k / top-p / min-p / repetition penalty are sampled by the PyTorch decoder"
-        elif self._low_precision() is not None:
-            why = "bfloat16 compute (compute_dtype) runs in the PyTorch decoder; the kernel is float32"
+        elif self._low_precision() is not None and not cpu_kernel.bf16_fast():
+            why = "bfloat16 compute (compute_dtype) on a CPU without AVX512-BF16 runs in the PyTorch decoder"
         else:
             why = cpu_kernel.unsupported(_unwrap(self.model)) or cpu_kernel.load()[1] or None
             if why is None and self.cpu_kernel is None and cpu_kernel.sgemm_pointers()[0] is None:
@@ -691,6 +700,8 @@ class NativeEngine:
         sampler = TokenSampler(sampling, _unwrap(self.model).config.vocab_size, make_generator(sampling.seed, device))
         why_not = self._kernel_unavailable(sampler, device)
         if why_not is None:
+            if self._low_precision() is not None:
+                return "native engine: C decode kernel (bfloat16 weights, AVX512-BF16)"
             matmul = "BLAS sgemm_" if cpu_kernel.sgemm_pointers()[0] is not None else "portable matmul loop (slow)"
             return f"native engine: C decode kernel ({matmul})"
         decoder = "PyTorch fast decoder" if self.fast_path else "PyTorch generic (Hugging Face cache) decoder"
@@ -712,6 +723,7 @@ class NativeEngine:
             sampling,
             self.eos_ids,
             generator,
+            weight_dtype=self._low_precision() or torch.float32,
         )
         stop_check = None
         if sampling.stop:

@@ -5,6 +5,7 @@ for) where it does not implement the model or the request exactly."""
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -89,6 +90,111 @@ def run_kernel(model, tok, prompts, n, sampling, workers=1, keep_logits=True, co
 # One slice on one thread; three cores decoding together (every product split by output columns
 # into uneven shares, rows dealt out for attention and sampling).
 DECODES = {"one-slice": {"workers": 1}, "cooperative": {"workers": 3, "coop": True}}
+
+def _bf16_rounded(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).to(t.dtype)
+
+
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 16, 33])
+@pytest.mark.parametrize(("n_out", "k"), [(37, 96), (64, 23), (1, 7), (19, 150), (12, 64)])
+def test_bf16_product_equals_the_float64_product_of_the_rounded_operands(m, n_out, k):
+    """bfloat16 weights: the product rounds its input rows to bfloat16 (nearest even, as torch does) and
+    sums in float32; every shape path (whole tiles, leftover outputs, a masked tail of k, k below one
+    vector) against float64 over the same rounded operands, beta = 0 and 1, other columns untouched."""
+    lib, why = cpu_kernel.load()
+    assert lib is not None, why
+    gen = torch.Generator().manual_seed(m * 1000 + n_out + k + 7)
+    x = torch.randn(m, k, generator=gen)
+    w16 = torch.randn(n_out, k, generator=gen).to(torch.bfloat16)
+    x16 = torch.empty(m, k, dtype=torch.bfloat16)
+    ldy = n_out + 3
+    y0 = torch.randn(m, ldy, generator=gen)
+    for beta in (0.0, 1.0):
+        y = y0.clone()
+        lib.rlvr_bf16_linear(m, n_out, k, x.data_ptr(), x16.data_ptr(), w16.data_ptr(), y.data_ptr(), ldy, beta)
+        assert torch.equal(x16, x.to(torch.bfloat16)), "inputs not rounded as torch rounds them"
+        base = y0[:, :n_out] * beta
+        ref32 = base + _bf16_rounded(x) @ w16.float().T
+        ref64 = base.double() + _bf16_rounded(x).double() @ w16.double().T
+        assert_fp32_close(y[:, :n_out], ref32, ref64, f"m={m} n={n_out} k={k} beta={beta}")
+        assert torch.equal(y[:, n_out:], y0[:, n_out:]), "wrote outside its columns"
+
+
+def bf16_rounded_twin(model):
+    """The function the kernel computes from bfloat16 weights, in float32 modules: every projection and
+    the LM head (untied from the embedding, which stays float32) hold bfloat16-rounded weights, and
+    their inputs are rounded to bfloat16 on the way in."""
+    twin = copy.deepcopy(model)
+    projections = [twin.lm_head]
+    for layer in twin.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        projections += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj]
+        projections += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    for lin in projections:
+        lin.weight = torch.nn.Parameter(_bf16_rounded(lin.weight.detach()).clone())
+        lin.register_forward_pre_hook(lambda _m, args: (_bf16_rounded(args[0]),))
+    return twin
+
+
+@pytest.mark.parametrize("decode", DECODES)
+@pytest.mark.parametrize("arch,overrides", [("llama", {"tie_word_embeddings": True}), ("qwen3", {})])
+def test_bf16_weights_every_step_logits_equal_the_rounded_forward(arch, overrides, decode):
+    """``weight_dtype=torch.bfloat16`` (the sampler of bf16 mixed precision) computes the forward of the
+    bf16-rounded twin. Rounding inputs to bfloat16 makes exact agreement chaotic: a float32 summation-order
+    difference of 1e-7 flips an input that sits at a bfloat16 rounding boundary, a 2^-9 change that the
+    later layers carry on. So: every row's logits are within float32 rounding of the twin's unless such a
+    flip happened, at least one row of the request has none (exact agreement is not possible without
+    the rounding, or with the wrong weights: those move logits by 40-100% of the bf16 effect), and every
+    row stays well inside the distance between the float32 model and the twin (the flips measured at most
+    28% of it)."""
+    model, tok = tiny_model(arch, seed=5, **overrides)
+    model.eval()
+    twin = bf16_rounded_twin(model)
+    prompts = [tok.encode("37+45="), tok.encode("8*9="), tok.encode("(2+3)*4=")]
+    n, C, T = 3, 6, 1.3
+    ids_BP, mask_BP = left_pad(prompts, tok.pad_token_id, "cpu")
+    sampling = SamplingParams(temperature=T, max_tokens=C, seed=2)
+    with torch.inference_mode():
+        run = cpu_kernel.KernelDecode(model, ids_BP, (1 - mask_BP).sum(-1), n, sampling, [tok.eos_token_id],
+                                      torch.Generator().manual_seed(2), True, weight_dtype=torch.bfloat16)
+        cpu_kernel.generate(run, **DECODES[decode])
+    assert all(p.dtype == torch.float32 for p in model.parameters()), "the live weights were changed"
+    exact_rows, errors, gaps = 0, [], []
+    for r, row in enumerate(run.tokens_NC.tolist()):
+        prompt = prompts[r // n]
+        done = row.index(-1) if -1 in row else C
+        assert done >= 2, "the comparison must cover decode steps, not just the prompt's"
+        seq = prompt + row[:done]
+        steps = slice(len(prompt) - 1, len(seq) - 1)
+        got_TV = run.logits_NCV[r, :done]
+        want32_TV = sequence_logits(twin, seq, torch.float32)[steps]
+        want64_TV = sequence_logits(twin, seq, torch.float64)[steps]
+        err = (got_TV.double() - want64_TV).abs().max().item()
+        exact_rows += err <= bound(want32_TV, want64_TV)
+        errors.append((got_TV - want32_TV).abs().max().item())
+        gaps.append((sequence_logits(model, seq, torch.float32)[steps] - want32_TV).abs().max().item())
+        # The reported log-prob is log_softmax(logits / T) of the logits the kernel sampled from.
+        picked = torch.tensor(row[:done])[:, None]
+        torch.testing.assert_close(run.logp_NC[r, :done], torch.log_softmax(got_TV / T, -1).gather(1, picked)[:, 0])
+    assert exact_rows >= 1, f"no row within float32 rounding of the bf16-rounded forward: {errors}"
+    assert max(errors) <= 0.35 * max(gaps), (errors, gaps)
+
+
+def test_engine_samples_bf16_compute_on_the_kernel_where_the_cpu_has_avx512_bf16():
+    """``compute_dtype="bfloat16"``: the C kernel with bfloat16 weights where the CPU multiplies them fast,
+    the bf16 PyTorch decoder elsewhere; ``describe`` says which."""
+    model, tok = tiny_model("llama", seed=6)
+    engine = make_engine("native", model, tok, compute_dtype="bfloat16")
+    sampling = SamplingParams(temperature=1.0, max_tokens=5, seed=1)
+    engine.generate([tok.encode("1+2=")], 2, sampling)
+    if cpu_kernel.bf16_fast():
+        assert engine.last_decoder == "kernel"
+        assert "bfloat16 weights" in engine.describe(sampling)
+    else:
+        assert engine.last_decoder == "torch"
+        assert "AVX512-BF16" in engine.describe(sampling)
+
+
 
 
 @pytest.mark.parametrize("decode", DECODES)

@@ -6,12 +6,15 @@ bf16 rounding of the float32 path (and clearly not equal to it: the autocast rea
 
 from __future__ import annotations
 
+import json
+
 import torch
 from test_smoke import read_jsonl, smoke_overrides
 
 from rlvr import core
 from rlvr.config import load_config
 from rlvr.policy_logprobs import completion_logprobs
+from rlvr.rollout import cpu_kernel
 from rlvr.train import train
 
 V = 97
@@ -81,14 +84,18 @@ def test_head_logprobs_in_bf16_equals_the_float32_softmax_of_bf16_logits():
 def test_a_bf16_mixed_precision_run_trains_float32_weights(tiny_model_dir, sum_dataset, tmp_path):
     out = tmp_path / "run"
     cfg = load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, out, "train.mixed_precision=bf16",
-                                            "train.max_steps=2"))
+                                            "train.max_steps=2", "rollout.backend=native"))
     train(cfg)
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     assert all(torch.isfinite(torch.tensor([r["loss"], r["grad_norm"]])).all() for r in rows)
     assert rows[-1]["grad_norm"] > 0
-    # The sampler is the float32 model; the trainer's bf16 log-probs differ from it by bf16 rounding.
+    # The sampler: the C kernel on bfloat16 copies of the weights where the CPU has AVX512-BF16, the float32
+    # kernel elsewhere; either way the trainer's bf16 log-probs differ from it by bf16 rounding.
     assert 1e-5 < rows[-1]["mismatch/abs_logp_diff_mean"] < 0.1
+    decoder = json.loads((out / "header.json").read_text())["rollout_decoder"]
+    assert ("bfloat16 weights" in decoder) == cpu_kernel.bf16_fast(), decoder
+    assert "C decode kernel" in decoder, decoder
     from safetensors.torch import load_file
 
     assert all(t.dtype == torch.float32 for t in load_file(str(out / "final" / "model.safetensors")).values())

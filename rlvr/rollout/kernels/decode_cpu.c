@@ -30,6 +30,14 @@
  * With few rows a decode job is instead cooperative (JOB_COOP): every thread runs all rows and
  * computes its share of each product's outputs ("cooperative decode" below).
  *
+ * bfloat16 weights (`wbf16`): the seven projections of every layer and the LM head may be bfloat16
+ * copies (the trainer's bf16 mixed precision samples at the precision it trains in). Each product
+ * then rounds its input rows to bfloat16 and accumulates in float32 (what a bf16 nn.Linear on a
+ * CPU computes, up to summation order and the output's own rounding, which is skipped: the
+ * residual stream, norms, attention and the sampler stay float32). Half the bytes per weight, and
+ * with AVX512-BF16 two products per lane per instruction (`vdpbf16ps`); without it a portable loop
+ * widens each weight (correct, slow: the engine then keeps the float32 weights instead).
+ *
  * Layout conventions: row-major, nn.Linear weights [out, in]. Row r belongs to prompt r / n.
  * Step t samples token t of every live row: t = 0 from the prompt's last logits, t >= 1 by
  * feeding token t-1 (position prompt_len + t - 1, cache slot t-1).
@@ -61,10 +69,11 @@ typedef struct {
     int32_t L, E, H, Hkv, D, I, V;
     int32_t B, n, P, C;             /* prompts, rows per prompt, padded prompt length, max new */
     int32_t greedy, n_eos, abi;
+    int32_t wbf16;                  /* 1: the projections and the LM head are bfloat16 (below) */
     float eps, scale, inv_temp;
     const float *embed;             /* [V, E] */
     const float *final_norm;        /* [E] */
-    const float *lm_head;           /* [V, E] */
+    const void *lm_head;            /* [V, E], float32 or bfloat16 */
     const float *rope;              /* [P + C, 2D]: cos | sin with its first half negated */
     float *const *lw;               /* [L * LW_COUNT] */
     const int32_t *pad;             /* [B] left pads: prompt b's keys are slots pad[b] .. P-1 */
@@ -80,7 +89,7 @@ typedef struct {
     float *all_logits;              /* [N, C, V] or NULL: every step's logits, for the tests */
 } Ctx;
 
-#define RLVR_DECODE_ABI 6
+#define RLVR_DECODE_ABI 7
 int rlvr_decode_abi(void) { return RLVR_DECODE_ABI; }
 
 /* e^x (Cephes' expf: Cody-Waite reduction, degree-5 polynomial, ~1 ulp; inputs clamped to
@@ -284,9 +293,129 @@ int rlvr_skinny_linear(int m, int n_out, int k, const float *x, const float *w, 
 #endif
 }
 
-/* y[m, n_out] (row stride ldy) = x[m, k] @ w[n_out, k]^T + beta * y */
-static void linear(const Ctx *c, int m, int n_out, int k, const float *x, const float *w,
-                   float *y, int ldy, float beta) {
+/* ---- bfloat16 weights ------------------------------------------------------------------------
+ *
+ * bf16_linear: y[m, n_out] (row stride ldy) = bf16(x)[m, k] @ w16[n_out, k]^T + beta * y, float32
+ * accumulation. x16 is the caller's scratch for the rounded input rows (m * k values). The tile is
+ * the float32 one's (weights read once per step, rows in register blocks) on `vdpbf16ps`, which
+ * multiplies 32 bfloat16 pairs and adds each adjacent pair's products into one of 16 float32 lanes. */
+static uint16_t bf16_round(float f) { /* round to nearest even, as torch's .to(torch.bfloat16); NaN stays NaN */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static float bf16_widen(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(SKINNY_ROWS)
+#define HAVE_BF16_DOT 1
+#define BF16_TILE(NAME, RB)                                                                          \
+    static void NAME(int k, const uint16_t *x, const uint16_t *wo, float *y, int ldy, float beta,    \
+                     int prefetch) {                                                                 \
+        enum { OB = SKINNY_OUTS };                                                                   \
+        const int k_full = k - k % 32, k_tail = k % 32;                                              \
+        __m512 acc[OB][RB];                                                                          \
+        for (int i = 0; i < OB; ++i)                                                                 \
+            for (int r = 0; r < RB; ++r) acc[i][r] = _mm512_setzero_ps();                            \
+        for (int j = 0; j < k_full; j += 32) {                                                       \
+            __m512bh wv[OB];                                                                         \
+            for (int i = 0; i < OB; ++i) {                                                           \
+                wv[i] = (__m512bh)_mm512_loadu_si512(wo + (size_t)i * k + j);                        \
+                if (prefetch) _mm_prefetch((const char *)(wo + (size_t)(OB + i) * k + j), _MM_HINT_T0); \
+            }                                                                                        \
+            for (int r = 0; r < RB; ++r) {                                                           \
+                const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (size_t)r * k + j);            \
+                for (int i = 0; i < OB; ++i) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], wv[i], xv);     \
+            }                                                                                        \
+        }                                                                                            \
+        if (k_tail) {                                                                                \
+            const __mmask32 mask = (__mmask32)((1ull << k_tail) - 1ull);                             \
+            __m512bh wv[OB];                                                                         \
+            for (int i = 0; i < OB; ++i)                                                             \
+                wv[i] = (__m512bh)_mm512_maskz_loadu_epi16(mask, wo + (size_t)i * k + k_full);       \
+            for (int r = 0; r < RB; ++r) {                                                           \
+                const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + (size_t)r * k + k_full); \
+                for (int i = 0; i < OB; ++i) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], wv[i], xv);     \
+            }                                                                                        \
+        }                                                                                            \
+        for (int r = 0; r < RB; ++r)                                                                 \
+            for (int i = 0; i < OB; ++i) {                                                           \
+                float *yo = y + (size_t)r * ldy + i;                                                 \
+                const float s = _mm512_reduce_add_ps(acc[i][r]);                                     \
+                *yo = beta == 0.0f ? s : *yo * beta + s;                                             \
+            }                                                                                        \
+    }
+BF16_TILE(bf16_tile_1, 1)
+BF16_TILE(bf16_tile_2, 2)
+BF16_TILE(bf16_tile_3, 3)
+BF16_TILE(bf16_tile_4, 4)
+typedef void (*bf16_tile_fn)(int, const uint16_t *, const uint16_t *, float *, int, float, int);
+static const bf16_tile_fn BF16_TILE_BY_ROWS[SKINNY_ROWS + 1] = {
+    NULL, bf16_tile_1, bf16_tile_2, bf16_tile_3, bf16_tile_4};
+#endif
+
+int rlvr_bf16_dot(void) { /* 1 when bf16 weights run on vdpbf16ps; 0: the portable loop */
+#ifdef HAVE_BF16_DOT
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static void bf16_linear(int m, int n_out, int k, const float *x, uint16_t *x16, const uint16_t *w,
+                        float *y, int ldy, float beta) {
+    const size_t n_in = (size_t)m * k;
+    size_t i = 0;
+#ifdef HAVE_BF16_DOT
+    for (; i + 16 <= n_in; i += 16) /* vcvtneps2bf16: round to nearest even, as bf16_round */
+        _mm256_storeu_si256((__m256i *)(x16 + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+#endif
+    for (; i < n_in; ++i) x16[i] = bf16_round(x[i]);
+    int o = 0;
+#ifdef HAVE_BF16_DOT
+    for (; o + SKINNY_OUTS <= n_out; o += SKINNY_OUTS) {
+        const uint16_t *wo = w + (size_t)o * k;
+        for (int r0 = 0; r0 < m; r0 += SKINNY_ROWS) {
+            const int rb = m - r0 < SKINNY_ROWS ? m - r0 : SKINNY_ROWS;
+            BF16_TILE_BY_ROWS[rb](k, x16 + (size_t)r0 * k, wo, y + (size_t)r0 * ldy + o, ldy, beta, r0 == 0);
+        }
+    }
+#endif
+    for (int r = 0; r < m; ++r) /* the outputs the tiles leave (all of them without vdpbf16ps) */
+        for (int oo = o; oo < n_out; ++oo) {
+            const uint16_t *xr = x16 + (size_t)r * k, *wo = w + (size_t)oo * k;
+            float s = 0.0f;
+            for (int j = 0; j < k; ++j) s += bf16_widen(xr[j]) * bf16_widen(wo[j]);
+            float *yo = y + (size_t)r * ldy + oo;
+            *yo = beta == 0.0f ? s : *yo * beta + s;
+        }
+}
+
+/* Exported for the tests: the bfloat16 product at any shape (x16: m * k values of scratch). */
+void rlvr_bf16_linear(int m, int n_out, int k, const float *x, uint16_t *x16, const uint16_t *w,
+                      float *y, int ldy, float beta) {
+    bf16_linear(m, n_out, k, x, x16, w, y, ldy, beta);
+}
+
+/* Row `row` of a weight matrix with k columns, in the weights' dtype. */
+static inline const void *wrow(const Ctx *c, const void *w, int row, int k) {
+    return (const char *)w + (size_t)row * k * (c->wbf16 ? sizeof(uint16_t) : sizeof(float));
+}
+
+/* y[m, n_out] (row stride ldy) = x[m, k] @ w[n_out, k]^T + beta * y; w is float32, or bfloat16
+ * when c->wbf16 (then x16 is scratch for m * k rounded inputs). */
+static void linear(const Ctx *c, int m, int n_out, int k, const float *x, uint16_t *x16,
+                   const void *wv, float *y, int ldy, float beta) {
+    if (c->wbf16) {
+        bf16_linear(m, n_out, k, x, x16, (const uint16_t *)wv, y, ldy, beta);
+        return;
+    }
+    const float *w = (const float *)wv;
 #ifdef SKINNY_ROWS
     if (m <= SKINNY_MAX_M) {
         skinny_linear(m, n_out, k, x, w, y, ldy, beta);
@@ -485,6 +614,7 @@ typedef struct {
 } Shared;
 typedef struct {
     float *h, *scores, *tmp, *work;
+    uint16_t *x16; /* a product's input rows rounded to bfloat16 (wbf16 only) */
 } Own;
 
 static size_t shared_floats(const Ctx *c, int m) {
@@ -500,14 +630,21 @@ static void shared_at(const Ctx *c, int m, float *b, Shared *s) {
     s->act = s->gu + (size_t)m * 2 * c->I;
     s->logits = s->act + (size_t)m * c->I;
 }
+/* The widest input of a product: E (q/k/v, gate/up, head), H * D (o_proj) or I (down_proj). */
+static int widest_input(const Ctx *c) {
+    int k = c->E > c->H * c->D ? c->E : c->H * c->D;
+    return k > c->I ? k : c->I;
+}
 static size_t own_floats(const Ctx *c, int m) {
-    return (size_t)m * c->E + (c->P + c->C) + 2 * c->D + 2 * c->V;
+    const size_t x16 = c->wbf16 ? ((size_t)m * widest_input(c) + 1) / 2 : 0;
+    return (size_t)m * c->E + (c->P + c->C) + 2 * c->D + 2 * c->V + x16;
 }
 static void own_at(const Ctx *c, int m, float *b, Own *o) {
     o->h = b;
     o->scores = o->h + (size_t)m * c->E;
     o->tmp = o->scores + (c->P + c->C);
     o->work = o->tmp + 2 * c->D;
+    o->x16 = c->wbf16 ? (uint16_t *)(o->work + 2 * c->V) : NULL;
 }
 
 /* Work space for one thread alone on m rows: shared and own parts in one block (*mem) and a row list
@@ -581,12 +718,12 @@ static void part_cols(const Part *p, int n, int *lo, int *hi) {
 }
 
 /* This member's columns of y[m, n_out] = x @ w^T + beta * y (+ bias). */
-static void linear_part(const Ctx *c, const Part *p, int m, int n_out, int k, const float *x,
-                        const float *w, const float *bias, float *y, int ldy, float beta) {
+static void linear_part(const Ctx *c, const Part *p, const Own *own, int m, int n_out, int k,
+                        const float *x, const void *w, const float *bias, float *y, int ldy, float beta) {
     int lo, hi;
     part_cols(p, n_out, &lo, &hi);
     if (hi <= lo) return;
-    linear(c, m, hi - lo, k, x, w + (size_t)lo * k, y + lo, ldy, beta);
+    linear(c, m, hi - lo, k, x, own->x16, wrow(c, w, lo, k), y + lo, ldy, beta);
     if (bias)
         for (int i = 0; i < m; ++i) axpy(y + (size_t)i * ldy + lo, 1.0f, bias + lo, hi - lo);
 }
@@ -601,9 +738,9 @@ static void forward_layers(const Ctx *c, Part *p, int m, const Row *rows, const 
         float *const *w = c->lw + (size_t)l * LW_COUNT;
         for (int i = 0; i < m; ++i) rms_norm(x + (size_t)i * E, w[LW_NORM1], h + (size_t)i * E, E, c->eps);
         /* q | k | v side by side in one [m, QKV] activation: three GEMMs through the stride */
-        linear_part(c, p, m, H * D, E, h, w[LW_WQ], NULL, sh->qkv, QKV, 0.0f);
-        linear_part(c, p, m, Hkv * D, E, h, w[LW_WK], NULL, sh->qkv + H * D, QKV, 0.0f);
-        linear_part(c, p, m, Hkv * D, E, h, w[LW_WV], NULL, sh->qkv + (H + Hkv) * D, QKV, 0.0f);
+        linear_part(c, p, own, m, H * D, E, h, w[LW_WQ], NULL, sh->qkv, QKV, 0.0f);
+        linear_part(c, p, own, m, Hkv * D, E, h, w[LW_WK], NULL, sh->qkv + H * D, QKV, 0.0f);
+        linear_part(c, p, own, m, Hkv * D, E, h, w[LW_WV], NULL, sh->qkv + (H + Hkv) * D, QKV, 0.0f);
         part_sync(p);
         for (int i = p->tid; i < m; i += p->nth) {
             const Row *row = rows + i;
@@ -651,7 +788,7 @@ static void forward_layers(const Ctx *c, Part *p, int m, const Row *rows, const 
             }
         }
         part_sync(p);
-        linear_part(c, p, m, E, H * D, sh->att, w[LW_WO], w[LW_BO], x, E, 1.0f); /* x += o_proj(att) */
+        linear_part(c, p, own, m, E, H * D, sh->att, w[LW_WO], w[LW_BO], x, E, 1.0f); /* x += o_proj(att) */
         part_sync(p);
         for (int i = 0; i < m; ++i) rms_norm(x + (size_t)i * E, w[LW_NORM2], h + (size_t)i * E, E, c->eps);
         /* gate and up over the same columns of I, so SiLU(g) * u needs no other member's */
@@ -659,8 +796,8 @@ static void forward_layers(const Ctx *c, Part *p, int m, const Row *rows, const 
         part_cols(p, I, &lo, &hi);
         if (hi > lo) {
             const int n = hi - lo;
-            linear(c, m, n, E, h, w[LW_WG] + (size_t)lo * E, sh->gu + lo, 2 * I, 0.0f);
-            linear(c, m, n, E, h, w[LW_WU] + (size_t)lo * E, sh->gu + I + lo, 2 * I, 0.0f);
+            linear(c, m, n, E, h, own->x16, wrow(c, w[LW_WG], lo, E), sh->gu + lo, 2 * I, 0.0f);
+            linear(c, m, n, E, h, own->x16, wrow(c, w[LW_WU], lo, E), sh->gu + I + lo, 2 * I, 0.0f);
             for (int i = 0; i < m; ++i) {
                 float *g = sh->gu + (size_t)i * 2 * I + lo;
                 if (w[LW_BG]) axpy(g, 1.0f, w[LW_BG] + lo, n);
@@ -669,7 +806,7 @@ static void forward_layers(const Ctx *c, Part *p, int m, const Row *rows, const 
             }
         }
         part_sync(p);
-        linear_part(c, p, m, E, I, sh->act, w[LW_WDOWN], w[LW_BDOWN], x, E, 1.0f); /* x += down_proj(act) */
+        linear_part(c, p, own, m, E, I, sh->act, w[LW_WDOWN], w[LW_BDOWN], x, E, 1.0f); /* x += down_proj(act) */
         part_sync(p);
     }
 }
@@ -678,7 +815,7 @@ static void forward_layers(const Ctx *c, Part *p, int m, const Row *rows, const 
 static void head(const Ctx *c, const Part *p, int m, const float *x, float *logits, const Own *own) {
     for (int i = 0; i < m; ++i)
         rms_norm(x + (size_t)i * c->E, c->final_norm, own->h + (size_t)i * c->E, c->E, c->eps);
-    linear_part(c, p, m, c->V, c->E, own->h, c->lm_head, NULL, logits, c->V, 0.0f);
+    linear_part(c, p, own, m, c->V, c->E, own->h, c->lm_head, NULL, logits, c->V, 0.0f);
 }
 
 /* Prefill prompts [b0, b1): their keys/values into the prompt cache and their last-position
@@ -789,10 +926,10 @@ int rlvr_check_sgemm(sgemm_fn f) {
     for (int i = 0; i < NO * K; ++i) w[i] = (float)(i % 5) * 0.5f - 1.0f;
     Ctx c;
     memset(&c, 0, sizeof c);
-    linear(&c, M, NO, K, x, w, want, NO, 0.0f);
+    linear(&c, M, NO, K, x, NULL, w, want, NO, 0.0f);
     c.sgemm = f;
     for (int i = 0; i < M * NO; ++i) got[i] = 1.0f;
-    linear(&c, M, NO, K, x, w, got, NO, 0.0f);
+    linear(&c, M, NO, K, x, NULL, w, got, NO, 0.0f);
     for (int i = 0; i < M * NO; ++i)
         if (fabsf(got[i] - want[i]) > 1e-4f) return 1;
     return 0;
