@@ -291,6 +291,21 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def pack_bf16(w: torch.Tensor) -> torch.Tensor:
+    """``w [n_out, k]`` as the kernel's bfloat16 product reads it: rounded to bfloat16 (nearest even) and
+    packed in blocks of 16 outputs, each ``[ceil(k / 2), 16, 2]`` (an input pair of 16 outputs per 64 bytes,
+    one ``vdpbf16ps`` operand), zeros padding a partial block and an odd k. One cast and one copy."""
+    n_out, k = w.shape
+    blocks, k2 = -(-n_out // 16), -(-k // 2)
+    w = w.detach()
+    if (blocks * 16, k2 * 2) != (n_out, k):
+        w = torch.nn.functional.pad(w, (0, k2 * 2 - k, 0, blocks * 16 - n_out))
+    # Cast, then move each input pair as one 32-bit word: a transpose of words, several times faster than
+    # reordering 16-bit values (80 -> ~25 ms for SmolLM2's LM head).
+    pairs = w.to(torch.bfloat16).view(torch.int32).view(blocks, 16, k2)
+    return pairs.transpose(1, 2).contiguous().view(torch.bfloat16).view(blocks, k2, 16, 2)
+
+
 class KernelDecode:
     """One request through the C kernel: prefill then decode, on the model's live parameters.
     Holds every tensor the C side points at for as long as it runs.
@@ -341,7 +356,7 @@ class KernelDecode:
             return t.data_ptr()
 
         def hold_matrix(t: torch.Tensor) -> int | None:  # a projection or the LM head
-            return hold(t.detach().to(weight_dtype))
+            return hold(t if weight_dtype == torch.float32 else pack_bf16(t))
 
         lw: list[int | None] = []
         for layer in base.layers:

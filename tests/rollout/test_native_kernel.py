@@ -6,6 +6,7 @@ for) where it does not implement the model or the request exactly."""
 from __future__ import annotations
 
 import copy
+import ctypes
 import os
 import subprocess
 import sys
@@ -106,18 +107,42 @@ def test_bf16_product_equals_the_float64_product_of_the_rounded_operands(m, n_ou
     gen = torch.Generator().manual_seed(m * 1000 + n_out + k + 7)
     x = torch.randn(m, k, generator=gen)
     w16 = torch.randn(n_out, k, generator=gen).to(torch.bfloat16)
-    x16 = torch.empty(m, k, dtype=torch.bfloat16)
+    x16 = torch.zeros(m, k + 1, dtype=torch.bfloat16)
     ldy = n_out + 3
     y0 = torch.randn(m, ldy, generator=gen)
     for beta in (0.0, 1.0):
         y = y0.clone()
-        lib.rlvr_bf16_linear(m, n_out, k, x.data_ptr(), x16.data_ptr(), w16.data_ptr(), y.data_ptr(), ldy, beta)
-        assert torch.equal(x16, x.to(torch.bfloat16)), "inputs not rounded as torch rounds them"
+        packed = cpu_kernel.pack_bf16(w16)
+        lib.rlvr_bf16_linear(m, n_out, k, x.data_ptr(), x16.data_ptr(), packed.data_ptr(), y.data_ptr(), ldy, beta)
+        k_even = k + k % 2  # rows of whole input pairs
+        x16_rows = x16.view(-1)[: m * k_even].view(m, k_even)
+        assert torch.equal(x16_rows[:, :k], x.to(torch.bfloat16)), "inputs not rounded as torch rounds them"
         base = y0[:, :n_out] * beta
         ref32 = base + _bf16_rounded(x) @ w16.float().T
         ref64 = base.double() + _bf16_rounded(x).double() @ w16.double().T
         assert_fp32_close(y[:, :n_out], ref32, ref64, f"m={m} n={n_out} k={k} beta={beta}")
         assert torch.equal(y[:, n_out:], y0[:, n_out:]), "wrote outside its columns"
+
+
+def test_bf16_product_without_avx512_bf16_is_the_same_product(tmp_path, monkeypatch):
+    """A CPU without AVX512-BF16 gets the portable loop over the same packed weights (the engine then keeps
+    float32 weights, but the kernel must still be right if asked): built here with the instructions off."""
+    cc = cpu_kernel._compiler()
+    monkeypatch.setattr(cpu_kernel, "CFLAGS", [*cpu_kernel.CFLAGS, "-mno-avx512bf16"])
+    path, why = cpu_kernel.build(cc, tmp_path)
+    assert path is not None, why
+    lib = ctypes.CDLL(str(path))
+    assert lib.rlvr_bf16_dot() == 0
+    lib.rlvr_bf16_linear.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_float]
+    gen = torch.Generator().manual_seed(3)
+    for m, n_out, k in ((3, 37, 23), (7, 16, 64)):
+        x, w16 = torch.randn(m, k, generator=gen), torch.randn(n_out, k, generator=gen).to(torch.bfloat16)
+        x16, y = torch.zeros(m, k + 1, dtype=torch.bfloat16), torch.randn(m, n_out, generator=gen)
+        y0, packed = y.clone(), cpu_kernel.pack_bf16(w16)
+        lib.rlvr_bf16_linear(m, n_out, k, x.data_ptr(), x16.data_ptr(), packed.data_ptr(), y.data_ptr(), n_out, 1.0)
+        ref32 = y0 + _bf16_rounded(x) @ w16.float().T
+        ref64 = y0.double() + _bf16_rounded(x).double() @ w16.double().T
+        assert_fp32_close(y, ref32, ref64, f"portable m={m} n={n_out} k={k}")
 
 
 def bf16_rounded_twin(model):

@@ -31,7 +31,8 @@
  * computes its share of each product's outputs ("cooperative decode" below).
  *
  * bfloat16 weights (`wbf16`): the seven projections of every layer and the LM head may be bfloat16
- * copies (the trainer's bf16 mixed precision samples at the precision it trains in). Each product
+ * copies, packed for the product (bf16_linear; the trainer's bf16 mixed precision samples at the
+ * precision it trains in). Each product
  * then rounds its input rows to bfloat16 and accumulates in float32 (what a bf16 nn.Linear on a
  * CPU computes, up to summation order and the output's own rounding, which is skipped: the
  * residual stream, norms, attention and the sampler stay float32). Half the bytes per weight, and
@@ -295,68 +296,66 @@ int rlvr_skinny_linear(int m, int n_out, int k, const float *x, const float *w, 
 
 /* ---- bfloat16 weights ------------------------------------------------------------------------
  *
- * bf16_linear: y[m, n_out] (row stride ldy) = bf16(x)[m, k] @ w16[n_out, k]^T + beta * y, float32
- * accumulation. x16 is the caller's scratch for the rounded input rows (m * k values). The tile is
- * the float32 one's (weights read once per step, rows in register blocks) on `vdpbf16ps`, which
- * multiplies 32 bfloat16 pairs and adds each adjacent pair's products into one of 16 float32 lanes. */
+ * bf16_linear: y[m, n_out] (row stride ldy) = bf16(x)[m, k] @ W[n_out, k]^T + beta * y, float32 sums,
+ * from W packed for `vdpbf16ps` (cpu_kernel.pack_bf16): blocks of 16 outputs, each [k2, 16, 2] with
+ * k2 = ceil(k / 2) (zeros pad a partial block and an odd k), i.e. element W[o, j] at
+ * ((o / 16) * k2 + j / 2) * 32 + (o % 16) * 2 + j % 2. One 64-byte load is then two inputs of 16
+ * outputs: `vdpbf16ps` against the row's input pair (one 32-bit broadcast) adds both products into the
+ * 16 outputs' lanes, so the sums end in lanes that are stored as they are, with no horizontal
+ * reduction (which cost as much as the products in the float32 tile at k = 512). A tile keeps
+ * BF16_BLOCKS x BF16_ROWS accumulators in registers, so each weight load serves BF16_ROWS rows.
+ * x16 is the caller's scratch for the rounded input rows (m * 2 * k2 values). */
 static uint16_t bf16_round(float f) { /* round to nearest even, as torch's .to(torch.bfloat16); NaN stays NaN */
     uint32_t u;
     memcpy(&u, &f, sizeof u);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-static float bf16_widen(uint16_t h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(SKINNY_ROWS)
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define HAVE_BF16_DOT 1
-#define BF16_TILE(NAME, RB)                                                                          \
-    static void NAME(int k, const uint16_t *x, const uint16_t *wo, float *y, int ldy, float beta,    \
-                     int prefetch) {                                                                 \
-        enum { OB = SKINNY_OUTS };                                                                   \
-        const int k_full = k - k % 32, k_tail = k % 32;                                              \
-        __m512 acc[OB][RB];                                                                          \
-        for (int i = 0; i < OB; ++i)                                                                 \
-            for (int r = 0; r < RB; ++r) acc[i][r] = _mm512_setzero_ps();                            \
-        for (int j = 0; j < k_full; j += 32) {                                                       \
-            __m512bh wv[OB];                                                                         \
-            for (int i = 0; i < OB; ++i) {                                                           \
-                wv[i] = (__m512bh)_mm512_loadu_si512(wo + (size_t)i * k + j);                        \
-                if (prefetch) _mm_prefetch((const char *)(wo + (size_t)(OB + i) * k + j), _MM_HINT_T0); \
-            }                                                                                        \
+#define BF16_ROWS 6   /* 6 x 4 accumulators + 4 weight vectors of the 32 registers */
+#define BF16_BLOCKS 4 /* 64 outputs */
+/* Rows [0, RB) x output blocks [0, NB) of one tile; `last_mask`: the lanes of the last block that are
+ * real outputs (all 16 but in a matrix's final block). */
+#define BF16_TILE(NAME, NB, RB)                                                                      \
+    static void NAME(int k2, const uint16_t *x, int ldx, const uint16_t *wb, float *y, int ldy,      \
+                     float beta, __mmask16 last_mask) {                                              \
+        __m512 acc[NB][RB];                                                                          \
+        for (int b = 0; b < NB; ++b)                                                                 \
+            for (int r = 0; r < RB; ++r) acc[b][r] = _mm512_setzero_ps();                            \
+        const uint32_t *xp = (const uint32_t *)x; /* input pairs */                                  \
+        for (int j = 0; j < k2; ++j) {                                                               \
+            __m512bh wv[NB];                                                                         \
+            for (int b = 0; b < NB; ++b)                                                             \
+                wv[b] = (__m512bh)_mm512_loadu_si512(wb + ((size_t)b * k2 + j) * 32);                \
             for (int r = 0; r < RB; ++r) {                                                           \
-                const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (size_t)r * k + j);            \
-                for (int i = 0; i < OB; ++i) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], wv[i], xv);     \
-            }                                                                                        \
-        }                                                                                            \
-        if (k_tail) {                                                                                \
-            const __mmask32 mask = (__mmask32)((1ull << k_tail) - 1ull);                             \
-            __m512bh wv[OB];                                                                         \
-            for (int i = 0; i < OB; ++i)                                                             \
-                wv[i] = (__m512bh)_mm512_maskz_loadu_epi16(mask, wo + (size_t)i * k + k_full);       \
-            for (int r = 0; r < RB; ++r) {                                                           \
-                const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + (size_t)r * k + k_full); \
-                for (int i = 0; i < OB; ++i) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], wv[i], xv);     \
+                const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xp[(size_t)r * (ldx / 2) + j]); \
+                for (int b = 0; b < NB; ++b) acc[b][r] = _mm512_dpbf16_ps(acc[b][r], wv[b], xv);     \
             }                                                                                        \
         }                                                                                            \
         for (int r = 0; r < RB; ++r)                                                                 \
-            for (int i = 0; i < OB; ++i) {                                                           \
-                float *yo = y + (size_t)r * ldy + i;                                                 \
-                const float s = _mm512_reduce_add_ps(acc[i][r]);                                     \
-                *yo = beta == 0.0f ? s : *yo * beta + s;                                             \
+            for (int b = 0; b < NB; ++b) {                                                           \
+                float *yo = y + (size_t)r * ldy + 16 * b;                                            \
+                const __mmask16 mk = b == NB - 1 ? last_mask : (__mmask16)0xffff;                    \
+                __m512 v = acc[b][r];                                                                \
+                if (beta != 0.0f)                                                                    \
+                    v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, yo), _mm512_set1_ps(beta), v);     \
+                _mm512_mask_storeu_ps(yo, mk, v);                                                    \
             }                                                                                        \
     }
-BF16_TILE(bf16_tile_1, 1)
-BF16_TILE(bf16_tile_2, 2)
-BF16_TILE(bf16_tile_3, 3)
-BF16_TILE(bf16_tile_4, 4)
-typedef void (*bf16_tile_fn)(int, const uint16_t *, const uint16_t *, float *, int, float, int);
-static const bf16_tile_fn BF16_TILE_BY_ROWS[SKINNY_ROWS + 1] = {
-    NULL, bf16_tile_1, bf16_tile_2, bf16_tile_3, bf16_tile_4};
+#define BF16_TILES_FOR_ROWS(RB) \
+    BF16_TILE(bf16_tile_4_##RB, 4, RB) BF16_TILE(bf16_tile_1_##RB, 1, RB)
+BF16_TILES_FOR_ROWS(1)
+BF16_TILES_FOR_ROWS(2)
+BF16_TILES_FOR_ROWS(3)
+BF16_TILES_FOR_ROWS(4)
+BF16_TILES_FOR_ROWS(5)
+BF16_TILES_FOR_ROWS(6)
+typedef void (*bf16_tile_fn)(int, const uint16_t *, int, const uint16_t *, float *, int, float, __mmask16);
+static const bf16_tile_fn BF16_TILE4_BY_ROWS[BF16_ROWS + 1] = {
+    NULL, bf16_tile_4_1, bf16_tile_4_2, bf16_tile_4_3, bf16_tile_4_4, bf16_tile_4_5, bf16_tile_4_6};
+static const bf16_tile_fn BF16_TILE1_BY_ROWS[BF16_ROWS + 1] = {
+    NULL, bf16_tile_1_1, bf16_tile_1_2, bf16_tile_1_3, bf16_tile_1_4, bf16_tile_1_5, bf16_tile_1_6};
 #endif
 
 int rlvr_bf16_dot(void) { /* 1 when bf16 weights run on vdpbf16ps; 0: the portable loop */
@@ -369,42 +368,57 @@ int rlvr_bf16_dot(void) { /* 1 when bf16 weights run on vdpbf16ps; 0: the portab
 
 static void bf16_linear(int m, int n_out, int k, const float *x, uint16_t *x16, const uint16_t *w,
                         float *y, int ldy, float beta) {
-    const size_t n_in = (size_t)m * k;
-    size_t i = 0;
+    const int k2 = (k + 1) / 2, ldx = 2 * k2; /* x16 rows padded to whole pairs */
+    for (int r = 0; r < m; ++r) {
+        const float *xr = x + (size_t)r * k;
+        uint16_t *xo = x16 + (size_t)r * ldx;
+        int j = 0;
 #ifdef HAVE_BF16_DOT
-    for (; i + 16 <= n_in; i += 16) /* vcvtneps2bf16: round to nearest even, as bf16_round */
-        _mm256_storeu_si256((__m256i *)(x16 + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+        for (; j + 16 <= k; j += 16) /* vcvtneps2bf16: round to nearest even, as bf16_round */
+            _mm256_storeu_si256((__m256i *)(xo + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(xr + j)));
 #endif
-    for (; i < n_in; ++i) x16[i] = bf16_round(x[i]);
-    int o = 0;
-#ifdef HAVE_BF16_DOT
-    for (; o + SKINNY_OUTS <= n_out; o += SKINNY_OUTS) {
-        const uint16_t *wo = w + (size_t)o * k;
-        for (int r0 = 0; r0 < m; r0 += SKINNY_ROWS) {
-            const int rb = m - r0 < SKINNY_ROWS ? m - r0 : SKINNY_ROWS;
-            BF16_TILE_BY_ROWS[rb](k, x16 + (size_t)r0 * k, wo, y + (size_t)r0 * ldy + o, ldy, beta, r0 == 0);
-        }
+        for (; j < k; ++j) xo[j] = bf16_round(xr[j]);
+        if (k % 2) xo[k] = 0;
     }
-#endif
-    for (int r = 0; r < m; ++r) /* the outputs the tiles leave (all of them without vdpbf16ps) */
-        for (int oo = o; oo < n_out; ++oo) {
-            const uint16_t *xr = x16 + (size_t)r * k, *wo = w + (size_t)oo * k;
+    const int blocks = (n_out + 15) / 16;
+#ifdef HAVE_BF16_DOT
+    const __mmask16 tail = n_out % 16 ? (__mmask16)((1u << (n_out % 16)) - 1u) : (__mmask16)0xffff;
+    for (int b0 = 0; b0 < blocks;) {
+        const int nb = blocks - b0 >= BF16_BLOCKS ? BF16_BLOCKS : 1;
+        const __mmask16 last = b0 + nb == blocks ? tail : (__mmask16)0xffff;
+        const uint16_t *wb = w + (size_t)b0 * k2 * 32;
+        for (int r0 = 0; r0 < m; r0 += BF16_ROWS) {
+            const int rb = m - r0 < BF16_ROWS ? m - r0 : BF16_ROWS;
+            (nb == BF16_BLOCKS ? BF16_TILE4_BY_ROWS : BF16_TILE1_BY_ROWS)[rb](
+                k2, x16 + (size_t)r0 * ldx, ldx, wb, y + (size_t)r0 * ldy + 16 * b0, ldy, beta, last);
+        }
+        b0 += nb;
+    }
+#else
+#define bf16_widen(h) ((union { uint32_t u; float f; }){.u = (uint32_t)(h) << 16}.f)
+    for (int r = 0; r < m; ++r)
+        for (int o = 0; o < n_out; ++o) {
+            const uint16_t *xr = x16 + (size_t)r * ldx, *wb = w + (size_t)(o / 16) * k2 * 32 + (o % 16) * 2;
             float s = 0.0f;
-            for (int j = 0; j < k; ++j) s += bf16_widen(xr[j]) * bf16_widen(wo[j]);
-            float *yo = y + (size_t)r * ldy + oo;
+            for (int j = 0; j < k; ++j) s += bf16_widen(xr[j]) * bf16_widen(wb[(j / 2) * 32 + j % 2]);
+            float *yo = y + (size_t)r * ldy + o;
             *yo = beta == 0.0f ? s : *yo * beta + s;
         }
+    (void)blocks;
+#endif
 }
 
-/* Exported for the tests: the bfloat16 product at any shape (x16: m * k values of scratch). */
+/* Exported for the tests: the bfloat16 product at any shape (x16: m * (k + 1) values of scratch; w packed). */
 void rlvr_bf16_linear(int m, int n_out, int k, const float *x, uint16_t *x16, const uint16_t *w,
                       float *y, int ldy, float beta) {
     bf16_linear(m, n_out, k, x, x16, w, y, ldy, beta);
 }
 
-/* Row `row` of a weight matrix with k columns, in the weights' dtype. */
+/* Output `row` of a weight matrix with k inputs onward: float32 [n_out, k], or bfloat16 packed in
+ * blocks of 16 outputs (row a multiple of 16 then, as part_cols cuts). */
 static inline const void *wrow(const Ctx *c, const void *w, int row, int k) {
-    return (const char *)w + (size_t)row * k * (c->wbf16 ? sizeof(uint16_t) : sizeof(float));
+    if (c->wbf16) return (const uint16_t *)w + (size_t)(row / 16) * ((k + 1) / 2) * 32;
+    return (const float *)w + (size_t)row * k;
 }
 
 /* y[m, n_out] (row stride ldy) = x[m, k] @ w[n_out, k]^T + beta * y; w is float32, or bfloat16
@@ -636,7 +650,7 @@ static int widest_input(const Ctx *c) {
     return k > c->I ? k : c->I;
 }
 static size_t own_floats(const Ctx *c, int m) {
-    const size_t x16 = c->wbf16 ? ((size_t)m * widest_input(c) + 1) / 2 : 0;
+    const size_t x16 = c->wbf16 ? ((size_t)m * (widest_input(c) + 1) + 1) / 2 : 0;
     return (size_t)m * c->E + (c->P + c->C) + 2 * c->D + 2 * c->V + x16;
 }
 static void own_at(const Ctx *c, int m, float *b, Own *o) {
