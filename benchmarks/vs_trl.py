@@ -82,8 +82,9 @@ per counted FLOP; the fraction says how fast the update does the work of a plain
 transformers' autocast through accelerate), same shapes; plus rlvr-bf16 against TRL-fp32. rlvr's side
 takes its overrides from ``RLVR_BF16_OVERRIDES`` (or ``--rlvr-bf16``): ``train.mixed_precision=bf16``,
 float32 master weights and AdamW state with the policy's forward and backward under bf16 autocast, TRL's
-own meaning of ``bf16=True`` (on CPU rlvr's rollout stays on its float32 C kernel, faster there than any
-bf16 decode measured); the JSON and the table carry the overrides used, so a figure says what it measured.
+own meaning of ``bf16=True`` (rlvr's CPU rollout then runs its C kernel on bfloat16 copies of the weights
+where the CPU has AVX512-BF16); the JSON and the table carry the
+overrides used, so a figure says what it measured.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from rlvr import core
-from rlvr.config import AlgoConfig, Config, stale_sampler_problem
+from rlvr.config import AlgoConfig, Config, attention_implementation, stale_sampler_problem
 from rlvr.rollout.common import FasterOf, one_thread_suits, torch_threads
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -67,8 +67,9 @@ def load_model(cfg: Config, device: torch.device, trainable: bool = True) -> tor
 
     path = resolve_model_path(cfg.model.path)
     kwargs: dict[str, Any] = {"dtype": _DTYPES[cfg.model.dtype], "trust_remote_code": cfg.model.trust_remote_code}
-    if cfg.model.attn_implementation:
-        kwargs["attn_implementation"] = cfg.model.attn_implementation
+    attention = attention_implementation(cfg, device.type)
+    if attention:
+        kwargs["attn_implementation"] = attention
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as e:

@@ -26,7 +26,7 @@ from typing import Iterator
 import torch
 
 from rlvr.diagnostics.sinks import PhaseTimer
-from rlvr.config import Config
+from rlvr.config import Config, attention_implementation
 from rlvr.core.lm_head import HEAD_CHUNK_ELEMENTS, HEAD_KEEP_ELEMENTS
 from rlvr.errors import UserError
 from rlvr.offload import CHUNK_ELEMENTS, DiskAdamW
@@ -298,6 +298,10 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
     else:
         acts = tokens * (L * per_layer + 8 * H)
     update = {"activations": acts, "log-prob head": head_buffers, "gradients": trainable * tb}
+    if attention_implementation(cfg, device) == "eager":  # probabilities kept for backward: float32 (+ a 16-bit copy)
+        prob_bytes = 6 if (b == 2 or t.mixed_precision == "bf16") else 4
+        kept_layers = 1 if cfg.model.gradient_checkpointing else L
+        update["attention probabilities (eager)"] = kept_layers * mb * shape.heads * S * S * prob_bytes
     if t.grad_offload:  # rlvr.offload: gradients go to a file as autograd makes them, one parameter at a time
         del update["gradients"]
         update["largest gradient (grad_offload)"] = min(trainable, max(V, I) * H) * tb

@@ -99,6 +99,24 @@ def test_the_terms_follow_the_config():
     assert lora.resident["optimizer state (AdamW m, v)"] == 2 * 4 * shape.lora_params(16, "all-linear")
 
 
+def test_eager_attention_keeps_its_probabilities_in_the_plan():
+    """Eager attention (chosen on a CPU under bf16 autocast, or asked for) keeps N x heads x S x S attention
+    probabilities per layer for backward (float32 + a bf16 copy), one layer's with checkpointing; SDPA none."""
+    shape = ModelShape.from_hf_config(_qwen3_config())
+    sets = ["train.per_device_train_batch_size=8", "rollout.max_prompt_length=60", "rollout.max_completion_length=40"]
+    term = "attention probabilities (eager)"
+    bf16 = estimate(load_config(None, [*sets, "train.mixed_precision=bf16"]), shape)
+    S = 100
+    assert bf16.phases["update"][term] == shape.layers * 8 * shape.heads * S * S * 6
+    ckpt = estimate(load_config(None, [*sets, "train.mixed_precision=bf16", "model.gradient_checkpointing=true"]), shape)
+    assert ckpt.phases["update"][term] == 8 * shape.heads * S * S * 6
+    asked = estimate(load_config(None, [*sets, "model.attn_implementation=eager"]), shape)
+    assert asked.phases["update"][term] == shape.layers * 8 * shape.heads * S * S * 4  # float32 only
+    for cfg, device in ((load_config(None, sets), "cpu"), (load_config(None, [*sets, "train.mixed_precision=bf16"]), "cuda"),
+                        (load_config(None, [*sets, "train.mixed_precision=bf16", "model.attn_implementation=sdpa"]), "cpu")):
+        assert term not in estimate(cfg, shape, device).phases["update"]
+
+
 def test_train_refuses_with_the_plan_and_a_knob_that_fits(monkeypatch):
     cfg = load_config(None, ["model.dtype=bfloat16", "train.per_device_train_batch_size=256"])
     plan = estimate(cfg, memory.model_shape("tiny"))

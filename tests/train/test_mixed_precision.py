@@ -12,6 +12,7 @@ import torch
 from test_smoke import read_jsonl, smoke_overrides
 
 from rlvr import core
+from rlvr.builders import load_model
 from rlvr.config import load_config
 from rlvr.policy_logprobs import completion_logprobs
 from rlvr.rollout import cpu_kernel
@@ -93,6 +94,12 @@ def test_a_bf16_mixed_precision_run_trains_float32_weights(tiny_model_dir, sum_d
     # The sampler: the C kernel on bfloat16 copies of the weights where the CPU has AVX512-BF16, the float32
     # kernel elsewhere; either way the trainer's bf16 log-probs differ from it by bf16 rounding.
     assert 1e-5 < rows[-1]["mismatch/abs_logp_diff_mean"] < 0.1
+    # On a CPU under bf16 autocast the policy runs eager attention (the matmul form; SDPA's CPU flash kernel was
+    # the update's slow part), unless model.attn_implementation says otherwise.
+    assert load_model(cfg, torch.device("cpu")).config._attn_implementation == "eager"
+    sdpa = load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, out, "train.mixed_precision=bf16",
+                                             "model.attn_implementation=sdpa"))
+    assert load_model(sdpa, torch.device("cpu")).config._attn_implementation == "sdpa"
     decoder = json.loads((out / "header.json").read_text())["rollout_decoder"]
     assert ("bfloat16 weights" in decoder) == cpu_kernel.bf16_fast(), decoder
     assert "C decode kernel" in decoder, decoder

@@ -205,6 +205,42 @@ def test_full_fine_tuning_matches_the_one_forward_path(build, small_chunks):
     _assert_paths_agree(model, packed, slice(0, 12))
 
 
+@pytest.fixture
+def float64_eager_softmax(monkeypatch):
+    """transformers' eager attention takes its softmax in float32 even in a float64 model (as the norms above):
+    keep a float64 input's softmax in float64, so both paths are float64 throughout."""
+    softmax = torch.nn.functional.softmax
+
+    def softmax_keeping_float64(x, dim=None, _stacklevel=3, dtype=None):
+        return softmax(x, dim=dim, dtype=None if x.dtype == torch.float64 else dtype)
+
+    monkeypatch.setattr(torch.nn.functional, "softmax", softmax_keeping_float64)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_eager_attention_matches_the_one_forward_path(lora, small_chunks, float64_eager_softmax):
+    """Eager attention (what a CPU run under bf16 autocast loads: the matmul form with an explicit 4-D mask over
+    the prompt cache and the completion) gives the same log-probs, loss and gradients on both paths, with a
+    reference scored through the same path, and the same values as SDPA. Prompts of one length: in float64,
+    transformers' eager mask turns a left pad's fully masked query row into NaN (finfo(float64).min plus a
+    negative score is -inf), which masked keys then carry into every row (0 x NaN); float32 and bf16, what
+    runs, stay finite."""
+    model = _llama()
+    model.set_attn_implementation("eager")
+    if lora:
+        model = _lora(model)
+    model.train()
+    assert policy_logprobs._unwrap(model).config._attn_implementation == "eager"
+    packed = _packed(prompt_lens=(5, 5, 5))
+    ref = "adapter-off" if lora else _llama(tied=False).eval()
+    grads = _assert_paths_agree(model, packed, slice(0, 12), overrides=["algo.beta=0.04"], ref=ref)
+    policy_logprobs._unwrap(model).set_attn_implementation("sdpa")
+    model.zero_grad(set_to_none=True)
+    _, _, sdpa_grads, _, _ = _loss_and_grads(model, packed, slice(0, 12), True, ["algo.beta=0.04"], ref)
+    for name in grads:
+        assert_close(grads[name], sdpa_grads[name], f"eager vs sdpa {name}")
+
+
 def test_micro_batches_that_cut_groups(small_chunks):
     """Micro-batches of 5 rows over groups of 4: each starts or ends inside a group; the row whose prompt is
     alone in its micro-batch (rows 4 and 9 here) and the empty completion ride along."""
