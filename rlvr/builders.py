@@ -67,13 +67,15 @@ def load_model(cfg: Config, device: torch.device, trainable: bool = True) -> tor
 
     path = resolve_model_path(cfg.model.path)
     kwargs: dict[str, Any] = {"dtype": _DTYPES[cfg.model.dtype], "trust_remote_code": cfg.model.trust_remote_code}
-    attention = attention_implementation(cfg, device.type)
-    if attention:
-        kwargs["attn_implementation"] = attention
+    if cfg.model.attn_implementation:
+        kwargs["attn_implementation"] = cfg.model.attn_implementation
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as e:
         raise cannot_load("model", cfg.model.path, e) from None
+    attention = attention_implementation(cfg, device.type, getattr(model.config, "hidden_size", None))
+    if attention and attention != getattr(model.config, "_attn_implementation", None):
+        model.set_attn_implementation(attention)  # rlvr's choice where the default measured slow (its docstring)
     model.to(device)
     if not trainable:
         model.eval().requires_grad_(False)

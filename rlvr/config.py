@@ -78,24 +78,36 @@ class ModelConfig(_Section):
     attn_implementation: str | None = Field(
         None,
         description="Passed to from_pretrained ('sdpa', 'eager', 'flash_attention_2', ...). Unset: transformers' "
-        "default (SDPA), except 'eager' on a CPU under train.mixed_precision=bf16, where PyTorch's CPU flash "
-        "attention in bf16 was the slow part of the update (eager: 9-17% faster updates, and N x heads x T x S "
-        "x 6 bytes of attention probabilities per layer kept for backward, which the memory plan counts).",
+        "default (SDPA), except 'eager' on a CPU under train.mixed_precision=bf16 or for a model under hidden size "
+        "512, where PyTorch's CPU flash attention was the slow part of the update (eager: 9-17% faster updates, "
+        "and N x heads x T x S attention probabilities per layer kept for backward, which the memory plan "
+        "counts; rlvr.config.attention_implementation).",
     )
     lora: LoraConfig = Field(default_factory=LoraConfig)
 
 
-def attention_implementation(cfg: Config, device_type: str) -> str | None:
-    """The attention the policy is loaded with: model.attn_implementation, else transformers' default (SDPA)
-    but where it measured slow. On a CPU under bf16 autocast, PyTorch's flash attention for CPU ran the
-    update's attention at a few GFLOP/s (16% of a SmolLM2-135M update at 8 x 128 completion tokens over a
-    100-token prompt, 19% of a 27M Llama's at 16 x 64 over 64), and the matmul form (eager: bf16 matmuls, the
-    softmax in float32) made those updates 9% and 17% faster. In float32 the two measured the same."""
+# Below this hidden size PyTorch's CPU flash attention costs more per call than the arithmetic it does.
+EAGER_ATTENTION_BELOW_HIDDEN = 512
+
+
+def attention_implementation(cfg: Config, device_type: str, hidden_size: int | None) -> str | None:
+    """The attention the policy runs: model.attn_implementation, else transformers' default (SDPA) but where it
+    measured slow, on a CPU:
+    - under bf16 autocast, PyTorch's flash attention for CPU ran the update's attention at a few GFLOP/s (16% of
+      a SmolLM2-135M update at 8 x 128 completion tokens over a 100-token prompt, 19% of a 27M Llama's at
+      16 x 64 over 64); the matmul form (eager: bf16 matmuls, softmax in float32) made those updates 9% and
+      17% faster;
+    - for a model under hidden size 512, whose ops take microseconds, its fixed cost per call (0.7 ms forward
+      and 1.4 ms backward per layer and pass on the shipped tiny model: a third of the default job's update)
+      is the attention's cost; eager's few small ops made that update ~16% faster on two threads.
+    In float32 at hidden 512 and 576 the two measured the same, and SDPA keeps no attention probabilities for
+    backward (eager keeps N x heads x T x S per layer, which the memory plan counts), so it stays there."""
     if cfg.model.attn_implementation:
         return cfg.model.attn_implementation
-    if device_type == "cpu" and cfg.train.mixed_precision == "bf16":
-        return "eager"
-    return None
+    if device_type != "cpu":
+        return None
+    small = hidden_size is not None and hidden_size < EAGER_ATTENTION_BELOW_HIDDEN
+    return "eager" if cfg.train.mixed_precision == "bf16" or small else None
 
 
 class DataConfig(_Section):

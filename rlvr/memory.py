@@ -298,7 +298,7 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
     else:
         acts = tokens * (L * per_layer + 8 * H)
     update = {"activations": acts, "log-prob head": head_buffers, "gradients": trainable * tb}
-    if attention_implementation(cfg, device) == "eager":  # probabilities kept for backward: float32 (+ a 16-bit copy)
+    if attention_implementation(cfg, device, H) == "eager":  # probabilities kept for backward: float32 (+ a 16-bit copy)
         prob_bytes = 6 if (b == 2 or t.mixed_precision == "bf16") else 4
         kept_layers = 1 if cfg.model.gradient_checkpointing else L
         update["attention probabilities (eager)"] = kept_layers * mb * shape.heads * S * S * prob_bytes
@@ -408,6 +408,11 @@ _KNOBS = [
         "gradient checkpointing",
         "~30% more update compute, same result",
         lambda c: None if c.model.gradient_checkpointing else {"model.gradient_checkpointing": True},
+    ),
+    (
+        "SDPA attention",
+        "no attention probabilities kept for backward; same result, slower attention for small models on CPU",
+        lambda c: None if c.model.attn_implementation == "sdpa" else {"model.attn_implementation": "sdpa"},
     ),
     ("smaller micro-batches", "more, smaller passes; same gradient per optimizer step", _half_micro_batch),
     (

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import os
+import platform
 import subprocess
 import sys
 
@@ -124,6 +125,7 @@ def test_bf16_product_equals_the_float64_product_of_the_rounded_operands(m, n_ou
         assert torch.equal(y[:, n_out:], y0[:, n_out:]), "wrote outside its columns"
 
 
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="-mno-avx512bf16 is an x86 flag")
 def test_bf16_product_without_avx512_bf16_is_the_same_product(tmp_path, monkeypatch):
     """A CPU without AVX512-BF16 gets the portable loop over the same packed weights (the engine then keeps
     float32 weights, but the kernel must still be right if asked): built here with the instructions off."""

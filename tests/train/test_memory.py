@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 import platform
@@ -100,20 +101,27 @@ def test_the_terms_follow_the_config():
 
 
 def test_eager_attention_keeps_its_probabilities_in_the_plan():
-    """Eager attention (chosen on a CPU under bf16 autocast, or asked for) keeps N x heads x S x S attention
-    probabilities per layer for backward (float32 + a bf16 copy), one layer's with checkpointing; SDPA none."""
-    shape = ModelShape.from_hf_config(_qwen3_config())
+    """Eager attention (chosen on a CPU under bf16 autocast or for a model under hidden 512, or asked for) keeps
+    N x heads x S x S attention probabilities per layer for backward (float32 + a bf16 copy under bf16), one
+    layer's with checkpointing; SDPA none."""
+    small = ModelShape.from_hf_config(_qwen3_config())  # hidden 64
+    wide = dataclasses.replace(small, hidden=1024)
     sets = ["train.per_device_train_batch_size=8", "rollout.max_prompt_length=60", "rollout.max_completion_length=40"]
-    term = "attention probabilities (eager)"
-    bf16 = estimate(load_config(None, [*sets, "train.mixed_precision=bf16"]), shape)
-    S = 100
-    assert bf16.phases["update"][term] == shape.layers * 8 * shape.heads * S * S * 6
-    ckpt = estimate(load_config(None, [*sets, "train.mixed_precision=bf16", "model.gradient_checkpointing=true"]), shape)
-    assert ckpt.phases["update"][term] == 8 * shape.heads * S * S * 6
-    asked = estimate(load_config(None, [*sets, "model.attn_implementation=eager"]), shape)
-    assert asked.phases["update"][term] == shape.layers * 8 * shape.heads * S * S * 4  # float32 only
-    for cfg, device in ((load_config(None, sets), "cpu"), (load_config(None, [*sets, "train.mixed_precision=bf16"]), "cuda"),
-                        (load_config(None, [*sets, "train.mixed_precision=bf16", "model.attn_implementation=sdpa"]), "cpu")):
+    term, S = "attention probabilities (eager)", 100
+    per_layer = 8 * small.heads * S * S
+    bf16 = estimate(load_config(None, [*sets, "train.mixed_precision=bf16"]), wide)
+    assert bf16.phases["update"][term] == wide.layers * per_layer * 6
+    ckpt = estimate(load_config(None, [*sets, "train.mixed_precision=bf16", "model.gradient_checkpointing=true"]), wide)
+    assert ckpt.phases["update"][term] == per_layer * 6
+    asked = estimate(load_config(None, [*sets, "model.attn_implementation=eager"]), wide)
+    assert asked.phases["update"][term] == wide.layers * per_layer * 4  # float32 only
+    assert estimate(load_config(None, sets), small).phases["update"][term] == small.layers * per_layer * 4
+    for cfg, shape, device in (
+        (load_config(None, sets), wide, "cpu"),
+        (load_config(None, sets), small, "cuda"),
+        (load_config(None, [*sets, "train.mixed_precision=bf16"]), wide, "cuda"),
+        (load_config(None, [*sets, "train.mixed_precision=bf16", "model.attn_implementation=sdpa"]), small, "cpu"),
+    ):
         assert term not in estimate(cfg, shape, device).phases["update"]
 
 
@@ -206,7 +214,9 @@ def test_knobs_are_concrete_settings_in_order():
     )
     lines = memory.knobs_to_fit(cfg, shape, "cpu", free=1)  # nothing fits in one byte: every knob is listed
     assert lines[0].startswith("model.gradient_checkpointing=true")
-    assert lines[1].startswith("train.per_device_train_batch_size=")
+    # A model under hidden 512 runs eager attention on CPU, whose kept probabilities SDPA does not keep.
+    assert lines[1].startswith("model.attn_implementation=sdpa")
+    assert lines[2].startswith("train.per_device_train_batch_size=")
     assert any(ln.startswith("model.dtype=bfloat16") for ln in lines)
     assert lines[-1].startswith("still over")
     peaks = [float(ln.rsplit("estimated peak", 1)[1].split()[0]) for ln in lines[:-1]]

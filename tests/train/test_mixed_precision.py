@@ -13,7 +13,7 @@ from test_smoke import read_jsonl, smoke_overrides
 
 from rlvr import core
 from rlvr.builders import load_model
-from rlvr.config import load_config
+from rlvr.config import attention_implementation, load_config
 from rlvr.policy_logprobs import completion_logprobs
 from rlvr.rollout import cpu_kernel
 from rlvr.train import train
@@ -106,3 +106,18 @@ def test_a_bf16_mixed_precision_run_trains_float32_weights(tiny_model_dir, sum_d
     from safetensors.torch import load_file
 
     assert all(t.dtype == torch.float32 for t in load_file(str(out / "final" / "model.safetensors")).values())
+
+
+def test_attention_is_eager_on_cpu_only_where_sdpa_measured_slow(tiny_model_dir, sum_dataset, tmp_path):
+    """model.attn_implementation unset: eager on a CPU under bf16 autocast or below hidden 512, else transformers'
+    default; a setting always wins; the shipped-size model loads with it."""
+    plain = load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, tmp_path / "a"))
+    bf16 = load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, tmp_path / "b", "train.mixed_precision=bf16"))
+    asked = load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, tmp_path / "c", "model.attn_implementation=sdpa"))
+    assert attention_implementation(plain, "cpu", 96) == "eager"
+    assert attention_implementation(plain, "cpu", 512) is None
+    assert attention_implementation(bf16, "cpu", 2048) == "eager"
+    assert attention_implementation(bf16, "cuda", 96) is None
+    assert attention_implementation(asked, "cpu", 96) == "sdpa"
+    hidden = load_model(plain, torch.device("cpu")).config.hidden_size
+    assert hidden < 512 and load_model(plain, torch.device("cpu")).config._attn_implementation == "eager"

@@ -323,13 +323,14 @@ static uint16_t bf16_round(float f) { /* round to nearest even, as torch's .to(t
         __m512 acc[NB][RB];                                                                          \
         for (int b = 0; b < NB; ++b)                                                                 \
             for (int r = 0; r < RB; ++r) acc[b][r] = _mm512_setzero_ps();                            \
-        const uint32_t *xp = (const uint32_t *)x; /* input pairs */                                  \
         for (int j = 0; j < k2; ++j) {                                                               \
             __m512bh wv[NB];                                                                         \
             for (int b = 0; b < NB; ++b)                                                             \
                 wv[b] = (__m512bh)_mm512_loadu_si512(wb + ((size_t)b * k2 + j) * 32);                \
             for (int r = 0; r < RB; ++r) {                                                           \
-                const __m512bh xv = (__m512bh)_mm512_set1_epi32((int)xp[(size_t)r * (ldx / 2) + j]); \
+                int pair; /* inputs 2j, 2j+1 of row r (memcpy: no aliasing of the uint16 rows) */    \
+                memcpy(&pair, x + (size_t)r * ldx + 2 * j, sizeof pair);                             \
+                const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);                               \
                 for (int b = 0; b < NB; ++b) acc[b][r] = _mm512_dpbf16_ps(acc[b][r], wv[b], xv);     \
             }                                                                                        \
         }                                                                                            \
