@@ -317,7 +317,7 @@ class KernelDecode:
     ``weight_dtype=torch.bfloat16``: the projections and the LM head are read from request-long bfloat16
     copies (each product rounds its input rows to bfloat16 and accumulates in float32; norms, attention,
     the residual stream and the sampler stay float32): the sampler of bf16 mixed precision. The copies
-    cost one cast of those weights per request (~2% of a SmolLM2 rollout)."""
+    cost one cast and reorder of those weights per request (~0.1 s for SmolLM2-135M, 3% of its rollout)."""
 
     def __init__(
         self,

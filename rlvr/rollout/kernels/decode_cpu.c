@@ -31,13 +31,13 @@
  * computes its share of each product's outputs ("cooperative decode" below).
  *
  * bfloat16 weights (`wbf16`): the seven projections of every layer and the LM head may be bfloat16
- * copies, packed for the product (bf16_linear; the trainer's bf16 mixed precision samples at the
- * precision it trains in). Each product
- * then rounds its input rows to bfloat16 and accumulates in float32 (what a bf16 nn.Linear on a
- * CPU computes, up to summation order and the output's own rounding, which is skipped: the
- * residual stream, norms, attention and the sampler stay float32). Half the bytes per weight, and
- * with AVX512-BF16 two products per lane per instruction (`vdpbf16ps`); without it a portable loop
- * widens each weight (correct, slow: the engine then keeps the float32 weights instead).
+ * copies packed for the product (bf16_linear), so that the trainer's bf16 mixed precision samples at
+ * the precision it trains in. Each product then rounds its input rows to bfloat16 and accumulates in
+ * float32 (what a bf16 nn.Linear on a CPU computes, up to summation order and the output's own
+ * rounding, which is skipped: the residual stream, norms, attention and the sampler stay float32).
+ * Half the bytes per weight, and with AVX512-BF16 two products per lane per instruction
+ * (`vdpbf16ps`); without it a portable loop widens each weight (correct, slow: the engine then keeps
+ * the float32 weights instead).
  *
  * Layout conventions: row-major, nn.Linear weights [out, in]. Row r belongs to prompt r / n.
  * Step t samples token t of every live row: t = 0 from the prompt's last logits, t >= 1 by
@@ -423,7 +423,7 @@ static inline const void *wrow(const Ctx *c, const void *w, int row, int k) {
 }
 
 /* y[m, n_out] (row stride ldy) = x[m, k] @ w[n_out, k]^T + beta * y; w is float32, or bfloat16
- * when c->wbf16 (then x16 is scratch for m * k rounded inputs). */
+ * when c->wbf16 (then x16 is scratch for m * (k + 1) rounded inputs). */
 static void linear(const Ctx *c, int m, int n_out, int k, const float *x, uint16_t *x16,
                    const void *wv, float *y, int ldy, float beta) {
     if (c->wbf16) {
