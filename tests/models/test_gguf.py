@@ -65,7 +65,10 @@ def test_gguf_path_converts_once_and_loads_the_same_model(byte_level_llama, cach
     model = load_model(cfg, torch.device("cpu"), trainable=False)
     folder = resolve_model_path(str(gguf))
     assert folder.startswith(str(cache / "gguf" / "model-")) and not hasattr(model.config, "quantization_config")
-    want = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    # The same attention as load_model chose (rlvr.config.attention_implementation: eager for a small model on
+    # CPU), so the comparison is of the weights alone, bitwise.
+    attention = model.config._attn_implementation
+    want = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, attn_implementation=attention).eval()
     ids = transformers.AutoTokenizer.from_pretrained(hf_dir)("12 + 30 = 42", add_special_tokens=False)["input_ids"]
     assert load_tokenizer(str(gguf))("12 + 30 = 42", add_special_tokens=False)["input_ids"] == ids
     with torch.no_grad():
