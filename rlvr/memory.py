@@ -298,7 +298,7 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
     else:
         acts = tokens * (L * per_layer + 8 * H)
     update = {"activations": acts, "log-prob head": head_buffers, "gradients": trainable * tb}
-    if attention_implementation(cfg, device, H) == "eager":  # probabilities kept for backward: float32 (+ a 16-bit copy)
+    if attention_implementation(cfg, device, H) == "eager":  # probabilities kept for backward: float32 (+ 16-bit)
         prob_bytes = 6 if (b == 2 or t.mixed_precision == "bf16") else 4
         kept_layers = 1 if cfg.model.gradient_checkpointing else L
         update["attention probabilities (eager)"] = kept_layers * mb * shape.heads * S * S * prob_bytes

@@ -94,12 +94,6 @@ def test_a_bf16_mixed_precision_run_trains_float32_weights(tiny_model_dir, sum_d
     # The sampler: the C kernel on bfloat16 copies of the weights where the CPU has AVX512-BF16, the float32
     # kernel elsewhere; either way the trainer's bf16 log-probs differ from it by bf16 rounding.
     assert 1e-5 < rows[-1]["mismatch/abs_logp_diff_mean"] < 0.1
-    # On a CPU under bf16 autocast the policy runs eager attention (the matmul form; SDPA's CPU flash kernel was
-    # the update's slow part), unless model.attn_implementation says otherwise.
-    assert load_model(cfg, torch.device("cpu")).config._attn_implementation == "eager"
-    sdpa = load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, out, "train.mixed_precision=bf16",
-                                             "model.attn_implementation=sdpa"))
-    assert load_model(sdpa, torch.device("cpu")).config._attn_implementation == "sdpa"
     decoder = json.loads((out / "header.json").read_text())["rollout_decoder"]
     assert ("bfloat16 weights" in decoder) == cpu_kernel.bf16_fast(), decoder
     assert "C decode kernel" in decoder, decoder
@@ -111,13 +105,16 @@ def test_a_bf16_mixed_precision_run_trains_float32_weights(tiny_model_dir, sum_d
 def test_attention_is_eager_on_cpu_only_where_sdpa_measured_slow(tiny_model_dir, sum_dataset, tmp_path):
     """model.attn_implementation unset: eager on a CPU under bf16 autocast or below hidden 512, else transformers'
     default; a setting always wins; the shipped-size model loads with it."""
-    plain = load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, tmp_path / "a"))
-    bf16 = load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, tmp_path / "b", "train.mixed_precision=bf16"))
-    asked = load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, tmp_path / "c", "model.attn_implementation=sdpa"))
+    def config(*overrides):
+        return load_config(None, smoke_overrides(tiny_model_dir, sum_dataset, tmp_path / "run", *overrides))
+
+    plain, bf16 = config(), config("train.mixed_precision=bf16")
+    asked = config("train.mixed_precision=bf16", "model.attn_implementation=sdpa")
     assert attention_implementation(plain, "cpu", 96) == "eager"
     assert attention_implementation(plain, "cpu", 512) is None
     assert attention_implementation(bf16, "cpu", 2048) == "eager"
     assert attention_implementation(bf16, "cuda", 96) is None
     assert attention_implementation(asked, "cpu", 96) == "sdpa"
-    hidden = load_model(plain, torch.device("cpu")).config.hidden_size
-    assert hidden < 512 and load_model(plain, torch.device("cpu")).config._attn_implementation == "eager"
+    model = load_model(plain, torch.device("cpu"))
+    assert model.config.hidden_size < 512 and model.config._attn_implementation == "eager"
+    assert load_model(asked, torch.device("cpu")).config._attn_implementation == "sdpa"
