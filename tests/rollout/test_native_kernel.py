@@ -93,6 +93,7 @@ def run_kernel(model, tok, prompts, n, sampling, workers=1, keep_logits=True, co
 # into uneven shares, rows dealt out for attention and sampling).
 DECODES = {"one-slice": {"workers": 1}, "cooperative": {"workers": 3, "coop": True}}
 
+
 def _bf16_rounded(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).to(t.dtype)
 
