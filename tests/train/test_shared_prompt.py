@@ -208,7 +208,8 @@ def test_full_fine_tuning_matches_the_one_forward_path(build, small_chunks):
 @pytest.fixture
 def float64_eager_softmax(monkeypatch):
     """transformers' eager attention takes its softmax in float32 even in a float64 model (as the norms above):
-    keep a float64 input's softmax in float64, so both paths are float64 throughout."""
+    keep a float64 input's softmax in float64, so both paths are float64 throughout. (In float32 the mask's
+    finfo(float64).min also becomes -inf, and a left pad's fully masked row NaN.)"""
     softmax = torch.nn.functional.softmax
 
     def softmax_keeping_float64(x, dim=None, _stacklevel=3, dtype=None):
@@ -221,17 +222,14 @@ def float64_eager_softmax(monkeypatch):
 def test_eager_attention_matches_the_one_forward_path(lora, small_chunks, float64_eager_softmax):
     """Eager attention (what a CPU run under bf16 autocast loads: the matmul form with an explicit 4-D mask over
     the prompt cache and the completion) gives the same log-probs, loss and gradients on both paths, with a
-    reference scored through the same path, and the same values as SDPA. Prompts of one length: in float64,
-    transformers' eager mask turns a left pad's fully masked query row into NaN (finfo(float64).min plus a
-    negative score is -inf), which masked keys then carry into every row (0 x NaN); float32 and bf16, what
-    runs, stay finite."""
+    reference scored through the same path, and the same values as SDPA; ragged (left-padded) prompts."""
     model = _llama()
     model.set_attn_implementation("eager")
     if lora:
         model = _lora(model)
     model.train()
     assert policy_logprobs._unwrap(model).config._attn_implementation == "eager"
-    packed = _packed(prompt_lens=(5, 5, 5))
+    packed = _packed()
     ref = "adapter-off" if lora else _llama(tied=False).eval()
     grads = _assert_paths_agree(model, packed, slice(0, 12), overrides=["algo.beta=0.04"], ref=ref)
     policy_logprobs._unwrap(model).set_attn_implementation("sdpa")
@@ -317,10 +315,13 @@ def test_prompt_runs_once_per_distinct_prompt():
 
 
 @pytest.mark.parametrize("lora", [False, True])
-def test_gradient_checkpointing_matches(lora, small_chunks):
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_gradient_checkpointing_matches(lora, attention, small_chunks, float64_eager_softmax):
     """Checkpointed layers replay their forward in backward: the caches must give the same keys/values again,
-    and the prompt's gradient must still arrive through the non-reentrant checkpoint."""
+    and the prompt's gradient must still arrive through the non-reentrant checkpoint. With SDPA and with eager
+    attention (a small model's on CPU), whose replay saves the attention probabilities again."""
     model = _llama()
+    model.set_attn_implementation(attention)
     model.gradient_checkpointing_enable()  # transformers' default: non-reentrant
     model = (_lora(model) if lora else model).train()
     grads = _assert_paths_agree(
