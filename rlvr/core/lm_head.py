@@ -140,8 +140,10 @@ def _weight_grad_by_vocab(hidden_RH, weight_VH, bias_V, ids_R, lse_R, grad_logp_
         probs = _scaled_logits(hidden_RH, weight_VH[v0:v1], None if bias_V is None else bias_V[v0:v1], temperature,
                                compute)  # fmt: skip
         probs.sub_(lse_R.unsqueeze(-1)).exp_()
-        hit = ((ids_R >= v0) & (ids_R < v1)).nonzero().squeeze(1)
-        probs[hit, ids_R[hit] - v0] -= 1.0  # p - onehot, in this block's columns
+        # p - onehot in this block's columns; tokens outside it add -0.0 (no change). A scatter, not a nonzero():
+        # no host sync per block on an accelerator.
+        inside_R1 = ((ids_R >= v0) & (ids_R < v1)).unsqueeze(1)
+        probs.scatter_add_(1, (ids_R - v0).clamp(0, v1 - v0 - 1).unsqueeze(1), -inside_R1.to(probs.dtype))
         grad_w[v0:v1] = probs.mul_(scale_R1).to(hidden_RH.dtype).t() @ hidden_RH
     return grad_w
 
