@@ -289,6 +289,13 @@ def estimate(cfg: Config, shape: ModelShape, device: str = "cpu", prompt_tokens:
     if device == "cpu" and not lora.enabled and r.backend == "native":
         # The PyTorch decoder concatenates q|k|v and gate|up weights once per generate call on CPU.
         rollout["fused q|k|v, gate|up copies"] = L * H * (Q + 2 * shape.kv_heads * shape.head_dim + 2 * I) * b
+        if t.mixed_precision == "bf16":
+            # Where the CPU has AVX512-BF16 the C kernel samples from bf16 copies of every projection and the head
+            # (rlvr.rollout.cpu_kernel.pack_bf16); the plan does not probe the CPU, so it counts the larger copy.
+            bf16_copies = (L * sum(i * o for i, o in shape.linears().values()) + V * H) * 2
+            if bf16_copies > rollout["fused q|k|v, gate|up copies"]:
+                del rollout["fused q|k|v, gate|up copies"]
+                rollout["bf16 weight copies (C kernel)"] = bf16_copies
 
     per_layer = (29 * H + 10 * I + 16 * Q) if lora.enabled else (16 * H + 8 * I + 15 * Q)
     per_layer = per_layer * b // 2

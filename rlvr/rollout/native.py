@@ -682,7 +682,8 @@ class NativeEngine:
             why = "bfloat16 compute (compute_dtype) on a CPU without AVX512-BF16 runs in the PyTorch decoder"
         else:
             why = cpu_kernel.unsupported(_unwrap(self.model)) or cpu_kernel.load()[1] or None
-            if why is None and self.cpu_kernel is None and cpu_kernel.sgemm_pointers()[0] is None:
+            float32 = self._low_precision() is None  # the bf16 product is the kernel's own, never BLAS
+            if why is None and float32 and self.cpu_kernel is None and cpu_kernel.sgemm_pointers()[0] is None:
                 # Without BLAS the kernel's matmuls are a portable scalar loop, slower than PyTorch at any
                 # model size: auto mode picks the kernel only where it is fast (cpu_kernel=True still forces it).
                 why = f"no usable BLAS sgemm_ ({cpu_kernel.sgemm_pointers()[2]})"

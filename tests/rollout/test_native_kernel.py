@@ -471,6 +471,10 @@ def test_auto_mode_runs_the_kernel_only_with_blas_and_says_which_decoder_runs(mo
     assert engine.last_decoder == "torch"
     forced = make_engine("native", model, tok, cpu_kernel=True)  # asked for explicitly: it runs, and says it is slow
     assert forced.describe(sampling) == "native engine: C decode kernel (portable matmul loop (slow))"
+    # bf16 weights never go through BLAS: without sgemm_ the kernel still runs them where they are fast.
+    bf16 = make_engine("native", model, tok, compute_dtype="bfloat16")
+    bf16.generate(prompts, 2, sampling)
+    assert bf16.last_decoder == ("kernel" if cpu_kernel.bf16_fast() else "torch")
 
 
 def test_engine_measures_cooperating_against_slices_and_gets_the_same_completions(monkeypatch):

@@ -125,6 +125,19 @@ def test_eager_attention_keeps_its_probabilities_in_the_plan():
         assert term not in estimate(cfg, shape, device).phases["update"]
 
 
+def test_bf16_mixed_precision_plans_the_kernels_bf16_weight_copies():
+    """Sampling a bf16 mixed-precision run on CPU, the C kernel holds bf16 copies of every projection and the head
+    (where that is more than the PyTorch decoder's fused float32 copies, as for this shape's large vocabulary)."""
+    shape = dataclasses.replace(ModelShape.from_hf_config(_qwen3_config()), vocab=50_000)
+    plain = estimate(load_config(None, ["train.per_device_train_batch_size=8"]), shape).phases["rollout"]
+    bf16 = estimate(load_config(None, ["train.per_device_train_batch_size=8", "train.mixed_precision=bf16"]),
+                    shape).phases["rollout"]
+    H, Q, K, I = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.intermediate
+    per_layer = H * Q + 2 * H * K + Q * H + 3 * H * I  # q, k, v, o, gate, up, down
+    assert bf16["bf16 weight copies (C kernel)"] == (shape.layers * per_layer + shape.vocab * H) * 2
+    assert "fused q|k|v, gate|up copies" not in bf16 and "fused q|k|v, gate|up copies" in plain
+
+
 def test_train_refuses_with_the_plan_and_a_knob_that_fits(monkeypatch):
     cfg = load_config(None, ["model.dtype=bfloat16", "train.per_device_train_batch_size=256"])
     plan = estimate(cfg, memory.model_shape("tiny"))
