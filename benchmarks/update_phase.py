@@ -2,6 +2,7 @@
 
     python benchmarks/update_phase.py                       # CPU fp32, 2 threads: tiny, 27M, 135M-shaped
     python benchmarks/update_phase.py --models llama-27m --repeats 5
+    python benchmarks/update_phase.py --pass-cost             # what one more completion pass costs, per model
 
 What is timed, per model, on one micro-batch of ``--rows`` completions (groups of G = 8 rows with one prompt):
 ``update``: forward + backward of the GRPO (dapo) loss through ``rlvr.policy_logprobs.completion_logprobs``, as
@@ -19,6 +20,12 @@ at a GRPO shape: prompts of 70-90 tokens (ragged, left-padded), completions of e
 6 * body params * N * (P + T) + 6 * head params * N * T for ``update`` (2 * ... for ``logprobs``), over the time
 and the FLOP/s of a large float32 matmul measured here on the same threads. For the shared path the same
 numerator is used, so its fraction above the plain one is the work it did not need to do.
+
+``--pass-cost``: the price of one more completion pass in token positions, which
+``train.length_bucket_pass_cost=auto`` estimates (``rlvr.policy_logprobs.bucket_pass_cost``). Forward and backward
+of the model's body over ``rows`` x ``w`` tokens at w = 1, 2, 4, 8, 16; a least-squares line through time against
+positions: its intercept is a pass's own cost, its slope a position's, their ratio the price, printed beside the
+estimate.
 
 ``*_cpu_s``: the process's CPU time (all threads) for the same steps, and ``speedup_cpu_time`` their ratio. On a
 machine shared with other jobs, wall time mostly measures the scheduler (a 2-thread step waits at every op's
@@ -41,6 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rlvr import core  # noqa: E402
 from rlvr.batch import Rollouts, pack  # noqa: E402
+from rlvr.config import attention_implementation, load_config  # noqa: E402
 from rlvr.policy_logprobs import completion_logprobs  # noqa: E402
 from rlvr.rollout.base import Completion  # noqa: E402
 
@@ -129,6 +137,29 @@ def step(model, mb, shared: bool, grad: bool) -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - c0
 
 
+def pass_cost(model, rows: int, repeats: int) -> dict:
+    """One completion pass's own cost against a position's, measured (module docstring) and estimated."""
+    from rlvr.policy_logprobs import bucket_pass_cost
+
+    body, points = model.get_decoder(), []
+    for width in (1, 2, 4, 8, 16):
+        ids = torch.randint(3, model.config.vocab_size, (rows, width), generator=torch.Generator().manual_seed(0))
+        times = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            t0 = time.perf_counter()
+            body(input_ids=ids).last_hidden_state.sum().backward()
+            times.append(time.perf_counter() - t0)
+        model.zero_grad(set_to_none=True)
+        points.append((rows * width, statistics.median(times[1:])))
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    intercept = my - slope * mx
+    return {"rows": rows, "pass_s": round(intercept, 5), "position_s": round(slope, 8),
+            "measured_positions": round(intercept / slope), "auto_positions": bucket_pass_cost(model),
+            "points": [(x, round(y, 5)) for x, y in points]}
+
+
 def matmul_flops(size: int = 2048, reps: int = 10) -> float:
     a, b = torch.randn(size, size), torch.randn(size, size)
     a @ b
@@ -145,8 +176,17 @@ def main() -> None:
     ap.add_argument("--completion-len", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pass-cost", action="store_true", help="measure one more completion pass's price instead")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.pass_cost:
+        for name in args.models:
+            model = build(name).float().train()
+            attention = attention_implementation(load_config(None, []), "cpu", model.config.hidden_size)
+            model.set_attn_implementation(attention or "sdpa")  # as the trainer loads it
+            res = pass_cost(model, 256 if name == "tiny" else args.rows, max(args.repeats, 5))
+            print(json.dumps({name: res}), flush=True)
+        return
     peak = matmul_flops()
     out = {"threads": args.threads, "dtype": "float32", "group_size": G, "matmul_flops_per_s": peak, "models": {}}
     for name in args.models:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -400,15 +400,16 @@ class TrainConfig(_Section):
         "micro-batch repeats a prompt; otherwise the one-forward path, with a warning. false: always one forward "
         "over [prompt | completion] per completion, as TRL does. See docs/architecture.md.",
     )
-    length_bucket_pass_cost: int = Field(
-        64,
-        ge=0,
+    length_bucket_pass_cost: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        "auto",
         description="With shared_prompt_forward: a micro-batch's completions are scored in passes grouped by "
         "length, each padded only to its own longest (EOS-stopped completions are mostly shorter than the "
-        "longest: the shipped task's update took 1.5x less CPU time). An extra pass costs its own overhead (one "
-        "more forward and backward through every layer), priced here in token positions: a split is made when it "
-        "saves more padded positions than this. 0: a pass per distinct length; a very large value: one pass "
-        "padded to the longest, as without grouping. Same log-probs and gradients either way (float64 tests).",
+        "longest). An extra pass costs its own overhead (one more forward and backward through every layer: the "
+        "weights read again, every op dispatched again), priced here in token positions: a split is made when it "
+        "saves more padded positions than this. auto: estimated from the model's size and device "
+        "(rlvr.policy_logprobs.bucket_pass_cost; on CPU 64 for models of 27M parameters and up, ~300 for the "
+        "shipped model, whose ops are dispatch-bound). 0: a pass per distinct length; a very large value: one "
+        "pass padded to the longest, as without grouping. Same log-probs and gradients either way (float64 tests).",
     )
     release_freed_memory: bool | Literal["auto"] = Field(
         "auto",

@@ -91,14 +91,15 @@ def completion_logprobs(
     with_entropy: bool = False,
     chunked: bool = True,
     shared_prompt: bool = False,
-    bucket_pass_cost: int | None = None,
+    pass_cost: int | str | None = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and detached entropy) of the T completion tokens under ``softmax(logits / temperature)``.
 
     Rows are [left-padded prompt | right-padded completion]. The plain path is one forward over all of it, of
     which only the last T+1 positions reach the head. ``shared_prompt``: one forward per distinct prompt, then
     the completions against its cached keys and values (module docstring), where supported, in passes grouped by
-    completion length (:func:`length_buckets`, each extra pass priced at ``bucket_pass_cost`` positions)."""
+    completion length (:func:`length_buckets`, each extra pass priced at ``pass_cost`` positions; ``auto``:
+    :func:`bucket_pass_cost`)."""
     head = plain_linear_head(model) if chunked else None
     # Small enough to keep the head's probabilities for backward (rlvr.core.lm_head): decided once for the
     # micro-batch, whose passes all live until its backward.
@@ -115,7 +116,7 @@ def completion_logprobs(
                 temperature,
                 with_entropy,
                 head,
-                BUCKET_PASS_COST if bucket_pass_cost is None else bucket_pass_cost,
+                bucket_pass_cost(model, pass_cost),
                 keep,
             )
             if out is not None:
@@ -285,14 +286,36 @@ def _prefix_cache(layers_kv: list[tuple[torch.Tensor, torch.Tensor]]):
 
 
 # Length buckets for the completion pass. One pass pads every row to the micro-batch's longest completion; with
-# EOS-stopped sampling most rows are shorter (the shipped task's completions average ~3.5 of up to 8 tokens), so
-# rows are grouped by length and each group padded only to its own longest. A pass has a cost of its own beyond
-# its tokens (one more forward and backward call through every layer, its rows' prompt keys/values copied again);
-# BUCKET_PASS_COST prices it in token positions, and a split is taken only when it saves more positions than
-# that. On the shipped model's update (256 completions, one CPU thread) prices from 16 to 256 measured within 7%
-# of each other, a pass per distinct length (0) 15% slower and one padded pass 1.5x slower; on larger models a
-# position costs more, so the same per-pass overhead is worth even less and 64 errs toward splitting.
-BUCKET_PASS_COST = 64
+# EOS-stopped sampling most rows are shorter, so rows are grouped by length and each group padded only to its own
+# longest. A pass has a cost of its own beyond its positions, priced in token positions (a split is taken only
+# when it saves more positions than that). Two parts, fitted by benchmarks/update_phase.py --pass-cost (forward
+# and backward of one completion pass at widths 1-16, a line through time against positions; 2-core CPU):
+# - reading the weights again: every pass reads each weight in forward and twice in backward, which on CPU costs
+#   as much as ~64 positions whatever the size (27M Llama: 64, SmolLM2-135M: 70);
+# - dispatching the ops again: a fixed ~0.5-2 ms per layer, which is nothing against a large layer's positions
+#   but ~240 positions of the shipped model's (110K parameters a layer: its pass measured 300 positions).
+# On CUDA both are estimates, not measurements: H200-class bandwidth against bf16 throughput puts the weight
+# reads near 200 positions, and a kernel launch (~5 us) per op against a position's FLOPs makes the dispatch
+# part ~1000x the CPU's for the same layer.
+BUCKET_PASS_COST = 64  # CPU, the weight-reading part
+_DISPATCH_COST_PARAMS = {"cpu": 2.6e7, "cuda": 4e10}  # the dispatch part x a layer's matmul parameters
+_WEIGHT_READ_COST = {"cpu": BUCKET_PASS_COST, "cuda": 200}
+
+
+def bucket_pass_cost(model: torch.nn.Module, setting: int | str | None = "auto") -> int:
+    """The price of one more completion pass in token positions: ``setting`` if it is a number, else estimated
+    for ``model`` on its device (the comment above)."""
+    if isinstance(setting, int):
+        return setting
+    config = _bare(model).config.get_text_config()
+    device = "cuda" if next(_bare(model).parameters()).device.type == "cuda" else "cpu"
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    layer_params = hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * config.intermediate_size
+    return _WEIGHT_READ_COST[device] + round(_DISPATCH_COST_PARAMS[device] / max(layer_params, 1))
+
+
 _ONE_PASS = 1 << 62  # a price no split can beat: all completions in one pass
 _MAX_LENGTH_LEVELS = 64  # distinct lengths the search considers (quantised beyond): keeps it O(64^2) in Python
 

@@ -153,7 +153,7 @@ def completion_logprobs(run: Run, model: torch.nn.Module, mb: PackedBatch,
     with torch.autocast(run.device.type, torch.bfloat16, enabled=run.cfg.train.mixed_precision == "bf16"):
         return policy_logprobs.completion_logprobs(
             model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL, mb.completion_ids_NT, temp, with_entropy,
-            shared_prompt=run.cfg.train.shared_prompt_forward, bucket_pass_cost=run.cfg.train.length_bucket_pass_cost)
+            shared_prompt=run.cfg.train.shared_prompt_forward, pass_cost=run.cfg.train.length_bucket_pass_cost)
 
 
 @torch.no_grad()

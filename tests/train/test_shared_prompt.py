@@ -398,6 +398,28 @@ def test_length_buckets_minimise_padded_positions_plus_a_price_per_pass():
     assert all(width == max(rows) + 1 for rows, width in groups)
 
 
+def test_auto_pass_price_grows_as_a_layer_shrinks():
+    """auto: 64 positions for reading the weights again, plus the dispatch cost over a layer's matmul parameters."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    from rlvr.models import tiny_model_path
+    from rlvr.policy_logprobs import bucket_pass_cost
+
+    # The shipped model's layer: q, k, v, o of 96 x (4 heads x 24) and gate, up, down of 96 x 256:
+    # 4 x 9216 + 3 x 24576 = 110592 parameters; 2.6e7 / 110592 = 235.1.
+    tiny = AutoModelForCausalLM.from_pretrained(tiny_model_path())
+    assert bucket_pass_cost(tiny) == 64 + 235
+    assert bucket_pass_cost(tiny, 5) == 5 and bucket_pass_cost(tiny, 0) == 0  # a number is the price
+    # Grouped-query attention counts its narrower k and v: hidden 576, 9 heads of 64, 3 KV heads, MLP 1536:
+    # 576 x 64 x (18 + 6) + 3 x 576 x 1536 = 884736 + 2654208 = 3538944; 2.6e7 / 3538944 = 7.3.
+    smol = LlamaForCausalLM(LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=1,
+                                        num_attention_heads=9, num_key_value_heads=3, vocab_size=50))
+    assert bucket_pass_cost(smol) == 64 + 7
+    assert load_config(None, []).train.length_bucket_pass_cost == "auto"
+    with pytest.raises(Exception, match="greater than or equal to 0"):
+        load_config(None, ["train.length_bucket_pass_cost=-1"])
+
+
 def test_completion_passes_are_grouped_by_length(monkeypatch):
     """The feature: short completions are not padded to the longest; each group's pass is as wide as its longest
     row needs (the last token is never fed)."""
