@@ -175,11 +175,9 @@ def left_pad(prompt_ids: list[list[int]], pad_id: int, device) -> tuple[torch.Te
     """Left-padded ``ids_BP`` and ``mask_BP`` (1 = real token), the layout decoders want: every row's
     next token goes in the same column."""
     P = max(len(p) for p in prompt_ids)
-    ids_BP = torch.full((len(prompt_ids), P), pad_id, dtype=torch.long)
-    mask_BP = torch.zeros((len(prompt_ids), P), dtype=torch.long)
-    for b, p in enumerate(prompt_ids):
-        ids_BP[b, P - len(p) :] = torch.tensor(p, dtype=torch.long)
-        mask_BP[b, P - len(p) :] = 1
+    # Rows built as lists and converted once (a tensor write per row costs more than the whole list).
+    ids_BP = torch.tensor([[pad_id] * (P - len(p)) + list(p) for p in prompt_ids], dtype=torch.long)
+    mask_BP = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in prompt_ids], dtype=torch.long)
     return ids_BP.to(device), mask_BP.to(device)
 
 

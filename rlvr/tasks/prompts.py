@@ -26,7 +26,15 @@ def render_prompt(tokenizer: Any, prompt: str | list[dict]) -> str:
 
 def encode_prompts(tokenizer: Any, prompts: list, max_prompt_length: int | None = None) -> list[list[int]]:
     """Render and tokenize; longer prompts keep their last max_prompt_length tokens (TRL does the same)."""
-    ids = [tokenizer(render_prompt(tokenizer, p), add_special_tokens=isinstance(p, str))["input_ids"] for p in prompts]
+    ids: list[list[int]] = [[] for _ in prompts]
+    # One tokenizer call per kind (plain text gets the tokenizer's special tokens, a rendered chat has its own):
+    # a fast tokenizer encodes a list in one call into Rust, ~5x less time than a call per prompt.
+    for plain in (True, False):
+        rows = [i for i, p in enumerate(prompts) if isinstance(p, str) == plain]
+        if rows:
+            texts = [render_prompt(tokenizer, prompts[i]) for i in rows]
+            for i, row_ids in zip(rows, tokenizer(texts, add_special_tokens=plain)["input_ids"]):
+                ids[i] = list(row_ids)
     if max_prompt_length is not None:
         ids = [x[-max_prompt_length:] for x in ids]
     empty = [i for i, x in enumerate(ids) if not x]
