@@ -333,8 +333,8 @@ class TrainConfig(_Section):
     update_threads: int | Literal["auto"] | None = Field(
         "auto",
         description="CPU threads for the trainer's forward and backward passes (update, old and reference log-probs). "
-        "auto: for models with hidden_size < 512 on CPU, measured: every 100 steps start with 3 update phases on 1 "
-        "thread, then 3 on torch's setting, and the rest run on the one with the lower median time; else "
+        "auto: for models with hidden_size < 512 on CPU, measured: every 100 steps start with 6 update phases taking "
+        "turns on 1 thread and on torch's setting, and the rest run on the one with the lower median time; else "
         "torch's setting (None). A small model's ops take microseconds and OpenMP's fork/join per op costs as "
         "much; on a busy machine a descheduled sibling thread stalls every op: the shipped model's update measured "
         "4-14x faster on 1 thread than on 2 on a loaded 2-core box, and 1.2x slower on the same box quiet (57 vs "

@@ -348,11 +348,13 @@ def torch_threads(threads: int | None) -> Iterator[None]:
 
 class FasterOf:
     """Ways of doing the same work, chosen between by measuring them where they run: every ``WINDOW`` uses start
-    with ``PROBE`` uses of each candidate in turn, the first (the one expected to win) first (``current``); the
-    caller reports each use's cost (``record``), and the rest of the window runs the candidate with the lowest
-    median cost. On a shared machine which one wins changes with the load (a way that splits work across cores
-    waits for descheduled siblings), so every window measures again. With one candidate it is simply that one.
-    A short run (a benchmark of a few steps) sees the first candidate only."""
+    with ``PROBE`` uses of each candidate, taken in turn (first, second, ..., first, second, ...; the first is the
+    one expected to win), the caller reporting each use's cost (``record``); the rest of the window runs the
+    candidate with the lowest median cost. On a shared machine which one wins changes with the load (a way that
+    splits work across cores waits for descheduled siblings), so every window measures again. Taking turns gives
+    the candidates the same share of a load that comes and goes over seconds, and of a run's drift (an early step
+    costs more than a later one), where probing one candidate's uses after the other's measured the machine's
+    moment as much as the candidate. With one candidate it is simply that one."""
 
     PROBE = 3  # uses per candidate per window: a median of 3 ignores one slow first call
     WINDOW = 100
@@ -365,7 +367,7 @@ class FasterOf:
     def _probing(self) -> int | None:
         """The candidate index this use probes, or None once the window's probes are done."""
         k, n = self._uses % self.WINDOW, len(self.candidates)
-        return k // self.PROBE if n > 1 and k < self.PROBE * n else None
+        return k % n if n > 1 and k < self.PROBE * n else None
 
     def current(self):
         i = self._probing()
@@ -376,7 +378,7 @@ class FasterOf:
         i, n = self._probing(), len(self.candidates)
         if i is not None:
             k = self._uses % self.WINDOW
-            self._costs[i] = ([] if k % self.PROBE == 0 else self._costs[i]) + [cost]
+            self._costs[i] = ([] if k < n else self._costs[i]) + [cost]  # a window's first probe starts afresh
             if k == self.PROBE * n - 1:
                 best = min(range(n), key=lambda j: statistics.median(self._costs[j]))
                 self.chosen = self.candidates[best]
