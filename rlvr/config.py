@@ -411,6 +411,16 @@ class TrainConfig(_Section):
         "shipped model, whose ops are dispatch-bound). 0: a pass per distinct length; a very large value: one "
         "pass padded to the longest, as without grouping. Same log-probs and gradients either way (float64 tests).",
     )
+    group_packing: bool | Literal["auto"] = Field(
+        "auto",
+        description="With shared_prompt_forward: score each group of completions as one sequence [prompt | "
+        "completion 1 | ... | completion G] whose attention mask lets each completion see the prompt and itself "
+        "only: one pass per micro-batch, no copy of the prompt's keys and values per completion, no padding between "
+        "completions; same log-probs and gradients (float64 tests). Its attention is dense in the group's length, so "
+        "auto packs only where that scores no more query-key pairs than one forward per completion would and the "
+        "estimate of its cost is lower (rlvr.policy_logprobs.packing_pays): short completions, as the shipped "
+        "task's. true: wherever the pairs are within that bound (which the memory plan assumes); false: never.",
+    )
     release_freed_memory: bool | Literal["auto"] = Field(
         "auto",
         description="CPU runs on Linux (glibc): allocations over 128 KiB are mapped from and returned to the "

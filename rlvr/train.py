@@ -146,14 +146,14 @@ def advantage(run: Run, batch: Rollouts) -> torch.Tensor:
 
 def completion_logprobs(run: Run, model: torch.nn.Module, mb: PackedBatch,
                         with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One forward over [prompt | completion] (or, shared_prompt_forward, one per distinct prompt, then the completions
-    by length group against its cached keys/values); log-probs (and entropy) of the completion tokens from
-    temperature-scaled logits, as the sampler drew them, a chunk of tokens at a time (never [N, T, V])."""
-    temp = run.cfg.rollout.temperature or 1.0  # greedy sampling: log-probs of the plain distribution
-    with torch.autocast(run.device.type, torch.bfloat16, enabled=run.cfg.train.mixed_precision == "bf16"):
+    """One forward over [prompt | completion] (or, shared_prompt_forward, each group packed as one sequence, or a pass
+    per distinct prompt, then the completions by length against its keys/values); log-probs (and entropy) of the
+    completion tokens from temperature-scaled logits, as the sampler drew them, a chunk at a time (never [N, T, V])."""
+    temp, t = run.cfg.rollout.temperature or 1.0, run.cfg.train  # temperature 0: log-probs of the plain distribution
+    with torch.autocast(run.device.type, torch.bfloat16, enabled=t.mixed_precision == "bf16"):
         return policy_logprobs.completion_logprobs(
             model, mb.input_ids_NL, mb.attention_mask_NL, mb.position_ids_NL, mb.completion_ids_NT, temp, with_entropy,
-            shared_prompt=run.cfg.train.shared_prompt_forward, pass_cost=run.cfg.train.length_bucket_pass_cost)
+            shared_prompt=t.shared_prompt_forward, pass_cost=t.length_bucket_pass_cost, group_packing=t.group_packing)
 
 
 @torch.no_grad()

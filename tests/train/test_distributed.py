@@ -158,8 +158,10 @@ def test_two_ranks_train_log_once_and_end_with_identical_weights(tiny_model_dir,
     assert final != weights_digest(AutoModelForCausalLM.from_pretrained(tiny_model_dir))  # it trained
 
 
-def test_one_step_of_two_ranks_equals_one_process_with_both_batches(tiny_model_dir, sum_dataset, tmp_path):
-    """ONE optimizer step of 2 ranks x 4 prompts = 1 process with the same 8 prompts, to ~1e-6.
+@pytest.mark.parametrize("packing", ["false", "true"], ids=["prefix-passes", "packed"])
+def test_one_step_of_two_ranks_equals_one_process_with_both_batches(tiny_model_dir, sum_dataset, tmp_path, packing):
+    """ONE optimizer step of 2 ranks x 4 prompts = 1 process with the same 8 prompts, to ~1e-6; with the completions
+    in several prefix passes per micro-batch, and with each group packed in one pass (through DDP either way).
 
     What it checks is the aggregation across ranks: the dapo normaliser (active tokens summed over
     ranks by all_reduce, divided by num_processes), DDP's gradient average with no_sync over a GA
@@ -188,6 +190,7 @@ def test_one_step_of_two_ranks_equals_one_process_with_both_batches(tiny_model_d
         "data.shuffle=false",
         "log.save_steps=100",
         "train.length_bucket_pass_cost=0",  # several completion passes per micro-batch, one of them through DDP
+        f"train.group_packing={packing}",
     ]
     two, one = tmp_path / "two", tmp_path / "one"
     # Per rank: 2 micro-batches of 8 = 16 completions = 4 prompts; one process: 2 of 16 = 8 prompts.

@@ -133,6 +133,9 @@ EQUIV = [
         pytest.param(
             ["model.lora.enabled=true", "model.lora.r=4", "algo.beta=0.1", "train.learning_rate=0.5"], id="lora-beta"
         ),  # reference = the adapter switched off, under FSDP
+        # Every run's groups packed in one pass (the others: FSDP packs where the bound allows, fewer collectives;
+        # one process and DDP take a prefix pass per completion length).
+        pytest.param(["algo.beta=0.1", "train.group_packing=true"], id="full-beta-packed"),
     ],
 )
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from rlvr.policy_logprobs import completion_logprobs, length_buckets, shared_pro
 from rlvr.rollout.base import Completion
 
 V, PAD = 61, 0
+PACKING_PAYS = policy_logprobs.packing_pays  # the real one: the autouse fixture below forces a path per test
 EPS64 = torch.finfo(torch.float64).eps
 # Both paths compute the same sums of the same float64 products in other groupings (another batch shape for
 # the matmuls, a prompt key block concatenated instead of computed in place): each result differs by a few
@@ -115,12 +116,19 @@ def float64_norms(monkeypatch):
         monkeypatch.setattr(cls, "forward", forward)
 
 
-@pytest.fixture(autouse=True, params=[policy_logprobs.BUCKET_PASS_COST, 0], ids=["buckets", "pass-per-length"])
+@pytest.fixture(
+    autouse=True,
+    params=[(policy_logprobs.BUCKET_PASS_COST, False), (0, False), (policy_logprobs.BUCKET_PASS_COST, True)],
+    ids=["buckets", "pass-per-length", "packed"],
+)
 def bucket_cost(request, monkeypatch):
-    """Every test twice: with the default price of a completion pass, and with passes free, so that every distinct
-    completion length gets a pass of its own (rows reordered into groups and back)."""
+    """Every test three times: the prefix path with the default price of a completion pass, and with passes free,
+    so that every distinct completion length gets a pass of its own (rows reordered into groups and back); and
+    every group packed as one sequence in one pass."""
+    cost, packed = request.param
     real = policy_logprobs.length_buckets
-    monkeypatch.setattr(policy_logprobs, "length_buckets", lambda need, pass_cost: real(need, request.param))
+    monkeypatch.setattr(policy_logprobs, "length_buckets", lambda need, pass_cost: real(need, cost))
+    monkeypatch.setattr(policy_logprobs, "packing_pays", lambda *args: packed)
     return request.param
 
 
@@ -304,14 +312,19 @@ def test_full_logits_head_path_is_shared_too():
     assert_close(outs[0][1], outs[1][1], "embedding gradient")
 
 
-def test_prompt_runs_once_per_distinct_prompt():
-    """What the feature is for: the prompt pass sees B prompts, the completion pass only completion tokens."""
+def test_prompt_runs_once_per_distinct_prompt(bucket_cost):
+    """What the feature is for: the prompt pass sees B prompts, the completion pass only completion tokens; packed,
+    one pass sees B sequences, each its prompt once and its completions' tokens once."""
     model = _llama()
     seen = []
     model.model.embed_tokens.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
     mb = _packed(G=4, prompt_lens=(5, 2, 7), completion_lens=[8] * 12).rows(slice(0, 12))
     _logprobs(model, mb, True)
-    assert seen == [(3, 7), (12, 7)]  # 3 prompts of <= 7 tokens; 12 completions, the last token never fed
+    _, packed = bucket_cost
+    if packed:  # the longest group: a prompt of 7 tokens and 4 completions of 7 fed tokens each (the last never)
+        assert seen == [(3, 7 + 4 * 7)]
+    else:  # 3 prompts of <= 7 tokens; 12 completions, the last token never fed
+        assert seen == [(3, 7), (12, 7)]
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -420,10 +433,39 @@ def test_auto_pass_price_grows_as_a_layer_shrinks():
         load_config(None, ["train.length_bucket_pass_cost=-1"])
 
 
+def test_auto_packs_short_completions_and_never_attention_the_plain_path_would_not_score():
+    """Hand-derived on the shipped model's layer (4 heads of 24, 110592 matmul parameters): a pair costs
+    4 x 4 x 24 / 110592 = 0.00347 positions."""
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.models import tiny_model_path
+
+    tiny = AutoModelForCausalLM.from_pretrained(tiny_model_path())
+    group_N, plen_N = [0] * 4 + [1] * 4, [5] * 8
+    need_N = [2, 2, 3, 1, 2, 2, 2, 2]
+    one_pass = [(list(range(8)), 3)]
+    # Packed: 2 sequences of 5 + 8 = 13: 26 positions + 299 + 2 x 13^2 = 338 pairs (1.17) = 326.2. Prefix: 2 x 5 +
+    # 8 x 3 = 34 positions + 2 passes x 299 + (2 x 5^2 + 8 x 3 x 8 = 242 pairs: 0.84) = 632.8. Pairs 338 <= the
+    # plain path's 8 x (5 + 3 + 1)^2 = 648.
+    assert PACKING_PAYS(tiny, "auto", group_N, plen_N, need_N, 5, one_pass, 299) is True
+    # Passes free: packed 26 + 1.17 still beats 34 + 0.84 (no padding between completions)...
+    assert PACKING_PAYS(tiny, "auto", group_N, plen_N, need_N, 5, one_pass, 0) is True
+    # ...but not when no row is shorter than another: 2 x 17 = 34 positions + 2 x 17^2 pairs (2.01) > 34 + 0.84.
+    assert PACKING_PAYS(tiny, "auto", group_N, plen_N, [3] * 8, 5, one_pass, 0) is False
+    # Long completions: one sequence of 5 + 8 x 20 = 165 would score 27225 pairs, the plain path 8 x 26^2 = 5408.
+    assert PACKING_PAYS(tiny, "auto", [0] * 8, plen_N, [20] * 8, 5, [(list(range(8)), 20)], 10**6) is False
+    # true packs where the estimate would not, never past the plain path's pairs.
+    assert PACKING_PAYS(tiny, True, group_N, plen_N, [3] * 8, 5, one_pass, 0) is True
+    assert PACKING_PAYS(tiny, True, [0] * 8, plen_N, [20] * 8, 5, [(list(range(8)), 20)], 0) is False
+    assert PACKING_PAYS(tiny, False, group_N, plen_N, need_N, 5, one_pass, 299) is False
+    assert load_config(None, []).train.group_packing == "auto"
+
+
 def test_completion_passes_are_grouped_by_length(monkeypatch):
     """The feature: short completions are not padded to the longest; each group's pass is as wide as its longest
     row needs (the last token is never fed)."""
     monkeypatch.setattr(policy_logprobs, "length_buckets", lambda need, pass_cost: length_buckets(need, 0))
+    monkeypatch.setattr(policy_logprobs, "packing_pays", lambda *args: False)  # the prefix path's passes
     model = _llama()
     seen = []
     model.model.embed_tokens.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
