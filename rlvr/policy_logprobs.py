@@ -310,13 +310,19 @@ def bucket_pass_cost(model: torch.nn.Module, setting: int | str | None = "auto")
     for ``model`` on its device (the comment above)."""
     if isinstance(setting, int):
         return setting
-    config = _bare(model).config.get_text_config()
     device = "cuda" if next(_bare(model).parameters()).device.type == "cuda" else "cpu"
+    _, layer_params = _layer_shape(model)
+    return _WEIGHT_READ_COST[device] + round(_DISPATCH_COST_PARAMS[device] / max(layer_params, 1))
+
+
+def _layer_shape(model: torch.nn.Module) -> tuple[int, int]:
+    """(attention heads x head_dim, matmul parameters) of one decoder layer of a Llama-shaped model, from its config:
+    q, k, v, o (k and v with the key/value heads) and the gated MLP's three matrices."""
+    config = _bare(model).config.get_text_config()
     hidden, heads = config.hidden_size, config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    layer_params = hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * config.intermediate_size
-    return _WEIGHT_READ_COST[device] + round(_DISPATCH_COST_PARAMS[device] / max(layer_params, 1))
+    return heads * head_dim, hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * config.intermediate_size
 
 
 _ONE_PASS = 1 << 62  # a price no split can beat: all completions in one pass
@@ -401,14 +407,8 @@ def packing_pays(
     if setting is True:
         return True
     # The prefix path's cost and the packed one's, in token positions.
-    config = _bare(model).config.get_text_config()
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    layer_params = config.hidden_size * head_dim * (2 * heads + 2 * kv_heads) + 3 * config.hidden_size * (
-        config.intermediate_size
-    )
-    pair = 4 * heads * head_dim / max(layer_params, 1)
+    attention_width, layer_params = _layer_shape(model)
+    pair = 4 * attention_width / max(layer_params, 1)
     prefix_pairs = U * p_len * p_len + sum(len(rows) * w * (p_len + w) for rows, w in groups)
     prefix_positions = U * p_len + sum(len(rows) * w for rows, w in groups)
     prefix_passes = 1 + sum(1 for _, w in groups if w > 0)
@@ -422,7 +422,7 @@ def _packed_group_logprobs(model, ids_NL, pos_NL, comp_NT, group_N, plen_N, t_N,
     """Each group of rows as one sequence in one pass (the comment above ``packing_pays``)."""
     N, T = comp_NT.shape
     P = ids_NL.shape[1] - T
-    ids, pos = ids_NL.tolist(), pos_NL.tolist()
+    ids, pos = torch.stack([ids_NL, pos_NL]).tolist()  # one copy to the host: the sequences are built there
     # Per group: its tokens, their rotary positions, and whose they are (0: the prompt, n + 1: row n's completion);
     # per row: where the positions that predict its tokens sit (the prompt's last, then its own but the last).
     seq_ids: dict[int, list[int]] = {}
@@ -507,19 +507,20 @@ def _shared_prompt_logprobs(
     # All-pad columns change nothing (masked keys; completion pads come after every real token): trim them to
     # this micro-batch's longest prompt, and each completion group to its longest completion; the last completion
     # token is never fed (it predicts nothing).
-    lengths = torch.cat([pmask_NP.sum(-1).max().view(1), attn_NL[:, P:].sum(-1)]).tolist()
-    p_len, t_N = lengths[0], lengths[1:]
+    prompt_of_N = new_N.cumsum(0) - 1
+    plen_N = pmask_NP.sum(-1)
+    lengths = torch.cat([plen_N.max().view(1), attn_NL[:, P:].sum(-1), plen_N, prompt_of_N]).tolist()
+    p_len, t_N, plen_N, group_N = lengths[0], lengths[1 : N + 1], lengths[N + 1 : 2 * N + 1], lengths[2 * N + 1 :]
     # Nothing to share; or no completion pass to run, which under DDP would leave the micro-batch without the one
     # DDP forward its reducer expects before backward.
     share = not (first_U.numel() == N or p_len == 0 or max(t_N) <= 1)
     sharded = fsdp.is_sharded(_unwrap(model))
     if sharded:
-        pass_cost = _ONE_PASS  # the completions take one pass (below)
+        # The completions take one pass (below). Each pass is also a round of all-gathers, and at this price the
+        # estimate packs (one pass) wherever its attention bound allows.
+        pass_cost = _ONE_PASS
     need_N = [max(t - 1, 0) for t in t_N]
     groups = length_buckets(need_N, pass_cost)
-    prompt_of_N = new_N.cumsum(0) - 1
-    group_N = prompt_of_N.tolist()
-    plen_N = pmask_NP.sum(-1).tolist()
     pack = share and packing_pays(model, packing, group_N, plen_N, need_N, p_len, groups, pass_cost)
     if sharded:
         # Every pass through a sharded model all-gathers each layer's weights, a collective: all ranks must make
