@@ -33,7 +33,7 @@ def encode_prompts(tokenizer: Any, prompts: list, max_prompt_length: int | None 
         rows = [i for i, p in enumerate(prompts) if isinstance(p, str) == plain]
         if rows:
             texts = [render_prompt(tokenizer, prompts[i]) for i in rows]
-            for i, row_ids in zip(rows, tokenizer(texts, add_special_tokens=plain)["input_ids"]):
+            for i, row_ids in zip(rows, tokenizer(texts, add_special_tokens=plain)["input_ids"], strict=True):
                 ids[i] = list(row_ids)
     if max_prompt_length is not None:
         ids = [x[-max_prompt_length:] for x in ids]

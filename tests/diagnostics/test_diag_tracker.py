@@ -196,7 +196,8 @@ def test_record_survives_crash_and_resume(tmp_path):
 
 def test_record_lines_are_strict_json_whatever_a_record_holds(tmp_path):
     """Non-finite numbers become null (strict JSON has no NaN), what JSON has no type for becomes its str, an
-    integer beyond 64 bits (which orjson refuses) goes through the json module, and a gzip reader gets it all back."""
+    integer beyond 64 bits and a lone surrogate (which orjson refuses) go through the json module, and a gzip reader
+    gets it all back."""
     import numpy as np
 
     from rlvr.diagnostics.record import append_lines, iter_lines, to_json_line
@@ -209,13 +210,15 @@ def test_record_lines_are_strict_json_whatever_a_record_holds(tmp_path):
         {"step": 0, "reward": float("nan"), "rewards": {"a": float("inf"), "b": -1.5}, "text": "é ✓", "ok": True},
         {"step": 0, "big": 2**70, "gone": float("-inf"), "nested": [1, {"x": None}]},
         {"step": 0, 7: "int key", "thing": Opaque(), "np": np.float32(0.25), "pair": (1, 2)},
+        {"step": 0, "completion": "bad \udc80 byte", "reward": float("nan")},  # a lone surrogate: not UTF-8
     ]
     expected = [
         {"step": 0, "reward": None, "rewards": {"a": None, "b": -1.5}, "text": "é ✓", "ok": True},
         {"step": 0, "big": 2**70, "gone": None, "nested": [1, {"x": None}]},
         {"step": 0, "7": "int key", "thing": "opaque", "np": 0.25, "pair": [1, 2]},
+        {"step": 0, "completion": "bad \udc80 byte", "reward": None},
     ]
-    for obj, want in zip(objs, expected):
+    for obj, want in zip(objs, expected, strict=True):
         line = to_json_line(obj)
         assert line.endswith("\n") and line.count("\n") == 1
         assert json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict constant {c}")) == want
@@ -223,6 +226,7 @@ def test_record_lines_are_strict_json_whatever_a_record_holds(tmp_path):
     append_lines(tmp_path / "r.jsonl.gz", objs[2:])
     assert list(iter_lines(tmp_path / "r.jsonl.gz")) == expected
     assert json.loads(gzip.decompress((tmp_path / "r.jsonl.gz").read_bytes()).decode().splitlines()[2]) == expected[2]
+    assert to_json_line(objs[3]).isascii()  # the surrogate escaped, as JSON allows
 
 
 def test_prompt_history_counts_flips():
