@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from rlvr import core, fsdp
+from rlvr.memory import ModelShape
 
 # Model types whose ``ForCausalLM.forward`` returns ``lm_head(hidden_states)`` untouched (checked against the
 # installed transformers' source by tests/train/test_policy_logprobs.py).
@@ -316,13 +317,9 @@ def bucket_pass_cost(model: torch.nn.Module, setting: int | str | None = "auto")
 
 
 def _layer_shape(model: torch.nn.Module) -> tuple[int, int]:
-    """(attention heads x head_dim, matmul parameters) of one decoder layer of a Llama-shaped model, from its config:
-    q, k, v, o (k and v with the key/value heads) and the gated MLP's three matrices."""
-    config = _bare(model).config.get_text_config()
-    hidden, heads = config.hidden_size, config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    return heads * head_dim, hidden * head_dim * (2 * heads + 2 * kv_heads) + 3 * hidden * config.intermediate_size
+    """(attention heads x head_dim, matmul parameters) of one decoder layer, from the model's config."""
+    shape = ModelShape.from_hf_config(_bare(model).config)
+    return shape.heads * shape.head_dim, sum(i * o for i, o in shape.linears().values())
 
 
 _ONE_PASS = 1 << 62  # a price no split can beat: all completions in one pass
@@ -520,7 +517,7 @@ def _shared_prompt_logprobs(
         # estimate packs (one pass) wherever its attention bound allows.
         pass_cost = _ONE_PASS
     need_N = [max(t - 1, 0) for t in t_N]
-    groups = length_buckets(need_N, pass_cost)
+    groups = length_buckets(need_N, pass_cost) if share else []
     pack = share and packing_pays(model, packing, group_N, plen_N, need_N, p_len, groups, pass_cost)
     if sharded:
         # Every pass through a sharded model all-gathers each layer's weights, a collective: all ranks must make
