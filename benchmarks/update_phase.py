@@ -151,10 +151,7 @@ def pass_cost(model, rows: int, repeats: int) -> dict:
             times.append(time.perf_counter() - t0)
         model.zero_grad(set_to_none=True)
         points.append((rows * width, statistics.median(times[1:])))
-    n = len(points)
-    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
-    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
-    intercept = my - slope * mx
+    slope, intercept = statistics.linear_regression([x for x, _ in points], [y for _, y in points])
     return {"rows": rows, "pass_s": round(intercept, 5), "position_s": round(slope, 8),
             "measured_positions": round(intercept / slope), "auto_positions": bucket_pass_cost(model),
             "points": [(x, round(y, 5)) for x, y in points]}
